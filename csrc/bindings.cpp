@@ -1,0 +1,319 @@
+// ember._core: the graph builder and runner, the per-type kernels (for tests and quantize),
+// and CPU/ISA information.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "core/alloc_counter.h"
+#include "core/graph.h"
+#include "cpu_features.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace ember {
+namespace {
+
+using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+GGMLType checked_type(int32_t type_id) {
+  if (!type_supported(type_id)) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
+  return static_cast<GGMLType>(type_id);
+}
+
+const TypeKernels& kernels_for(const KernelTable& table, GGMLType type) {
+  const TypeKernels& k = table.of(type);
+  if (!k.dequantize_row) {
+    throw std::invalid_argument(std::string("no kernels for tensor type ") + type_traits(type).name +
+                                " in this build");
+  }
+  return k;
+}
+
+// A Graph plus the Python objects whose memory its weights point into.
+class PyGraph {
+ public:
+  explicit PyGraph(int n_threads) : graph_(n_threads) { graph_.set_kernels(&active_kernels()); }
+
+  int32_t weight(int32_t type_id, int64_t ne0, int64_t ne1, nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> data) {
+    GGMLType type = checked_type(type_id);
+    const TypeKernels& k = kernels_for(*graph_.kernels(), type);
+    if (!k.vec_dot && type != GGMLType::Q8_1)
+      throw std::invalid_argument(std::string("no matmul kernel for tensor type ") + type_traits(type).name);
+    owners_.push_back(nb::cast(data));
+    return graph_.add_weight(type, ne0, ne1, data.data(), data.nbytes());
+  }
+
+  int32_t input(int64_t ne0) { return graph_.add_input(ne0); }
+  int32_t get_rows(int32_t w, bool by_position) {
+    const Tensor& t = graph_.tensor(w);
+    if (!t.is_weight) throw std::invalid_argument("get_rows reads a weight");
+    int32_t id = graph_.add_node(Op::GetRows, t.ne0, kRowsTokens, {w}, {}, {by_position ? 1 : 0});
+    get_rows_limits_.push_back({by_position, t.ne1});
+    return id;
+  }
+  int32_t matmul(int32_t w, int32_t x) {
+    const Tensor &tw = graph_.tensor(w), &tx = graph_.tensor(x);
+    if (!tw.is_weight) throw std::invalid_argument("matmul: first operand must be a weight");
+    if (tw.ne0 != tx.ne0) throw std::invalid_argument("matmul: inner dimensions differ");
+    return graph_.add_node(Op::MatMul, tw.ne1, tx.ne1, {w, x});
+  }
+  int32_t binary(Op op, int32_t a, int32_t b) {
+    const Tensor &ta = graph_.tensor(a), &tb = graph_.tensor(b);
+    if (ta.ne0 != tb.ne0) throw std::invalid_argument("element-wise op: column counts differ");
+    check_f32(tb);
+    if (tb.ne1 != 1 && tb.ne1 != ta.ne1) throw std::invalid_argument("element-wise op: row counts differ");
+    return graph_.add_node(op, ta.ne0, ta.ne1, {a, b});
+  }
+  int32_t unary(Op op, int32_t a, float f0) {
+    const Tensor& t = graph_.tensor(a);
+    check_f32(t);
+    return graph_.add_node(op, t.ne0, t.ne1, {a}, {f0});
+  }
+  int32_t rms_norm(int32_t x, int32_t w, float eps, int32_t group) {
+    const Tensor& t = graph_.tensor(x);
+    const int64_t width = group > 0 ? group : t.ne0;
+    if (t.ne0 % width != 0) throw std::invalid_argument("rms_norm: group does not divide the row");
+    check_vector(w, width);
+    return graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, {eps}, {group});
+  }
+  int32_t layer_norm(int32_t x, int32_t w, int32_t b, float eps) {
+    const Tensor& t = graph_.tensor(x);
+    check_vector(w, t.ne0);
+    check_vector(b, t.ne0);
+    return graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, {eps});
+  }
+  int32_t rope(int32_t x, int32_t head_dim, int32_t n_rot, bool neox, float base, float freq_scale,
+               int32_t factors) {
+    const Tensor& t = graph_.tensor(x);
+    if (head_dim <= 0 || t.ne0 % head_dim != 0) throw std::invalid_argument("rope: head_dim does not divide the row");
+    if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 || n_rot / 2 > 512) throw std::invalid_argument("rope: bad n_rot");
+    check_vector(factors, n_rot / 2);
+    return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, {base, freq_scale}, {head_dim, n_rot, neox ? 1 : 0});
+  }
+  int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
+                    float scale, int32_t window, float softcap) {
+    const Tensor &tq = graph_.tensor(q), &tk = graph_.tensor(k), &tv = graph_.tensor(v);
+    if (n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head)
+      throw std::invalid_argument("attention: bad head counts");
+    if (tq.ne0 != int64_t(n_head) * head_dim || tk.ne0 != int64_t(n_kv_head) * head_dim || tv.ne0 != tk.ne0)
+      throw std::invalid_argument("attention: q/k/v widths do not match the head counts");
+    return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, {scale, softcap},
+                           {n_head, n_kv_head, head_dim, window});
+  }
+  int32_t select_outputs(int32_t x) {
+    const Tensor& t = graph_.tensor(x);
+    return graph_.add_node(Op::SelectRows, t.ne0, kRowsOutputs, {x});
+  }
+  int32_t view(int32_t x, int64_t col_offset, int64_t n_cols) { return graph_.add_view(x, col_offset, n_cols); }
+  void set_output(int32_t x) {
+    graph_.tensor(x);
+    graph_.set_output(x);
+  }
+
+  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq) {
+    graph_.plan(max_tokens, max_outputs, n_ctx, n_seq);
+  }
+
+  nb::ndarray<nb::numpy, float, nb::ndim<2>> run(I32Array tokens, I32Array positions, I32Array seq_ids,
+                                                  I32Array output_rows, std::vector<F32Array> inputs) {
+    const int64_t n = static_cast<int64_t>(tokens.shape(0));
+    if (static_cast<int64_t>(positions.shape(0)) != n || static_cast<int64_t>(seq_ids.shape(0)) != n)
+      throw std::invalid_argument("tokens, positions and seq_ids must have the same length");
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t tok = tokens.data()[i], pos = positions.data()[i];
+      for (const auto& lim : get_rows_limits_) {
+        const int32_t id = lim.by_position ? pos : tok;
+        if (id < 0 || id >= lim.rows)
+          throw std::out_of_range((lim.by_position ? "position " : "token id ") + std::to_string(id) +
+                                  " out of range [0, " + std::to_string(lim.rows) + ")");
+      }
+    }
+    std::vector<const float*> ptrs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].size() != static_cast<size_t>(n) * input_cols(static_cast<int64_t>(i)))
+        throw std::invalid_argument("input " + std::to_string(i) + " has the wrong size");
+      ptrs.push_back(inputs[i].data());
+    }
+    const int64_t n_out = static_cast<int64_t>(output_rows.shape(0));
+    const int64_t cols = graph_.output_cols();
+    const float* result;
+    {
+      nb::gil_scoped_release release;
+      result = graph_.run(n, tokens.data(), positions.data(), seq_ids.data(), n_out, output_rows.data(),
+                          ptrs.data(), static_cast<int64_t>(ptrs.size()));
+    }
+    const Tensor& out = graph_.tensor(graph_.output());
+    const int64_t rows = out.ne1 == kRowsOutputs ? n_out : out.ne1 == kRowsTokens ? n : out.ne1;
+    float* copy = new float[rows * cols];
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(copy + r * cols, reinterpret_cast<const uint8_t*>(result) + r * out.row_stride, cols * sizeof(float));
+    nb::capsule owner(copy, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    return nb::ndarray<nb::numpy, float, nb::ndim<2>>(copy, {static_cast<size_t>(rows), static_cast<size_t>(cols)}, owner);
+  }
+
+  void kv_copy(int64_t src, int64_t dst, int64_t n) { graph_.kv_copy(src, dst, n); }
+  size_t arena_size() const { return graph_.arena_size(); }
+  size_t kv_size() const { return graph_.kv_size(); }
+  int n_threads() const { return graph_.n_threads(); }
+  std::string isa() const { return graph_.kernels()->isa; }
+
+ private:
+  struct RowLimit {
+    bool by_position;
+    int64_t rows;
+  };
+
+  void check_f32(const Tensor& t) const {
+    if (t.type != GGMLType::F32) throw std::invalid_argument("element-wise operands must be F32");
+  }
+  void check_vector(int32_t w, int64_t width) const {
+    if (w < 0) return;
+    const Tensor& t = graph_.tensor(w);
+    if (t.type != GGMLType::F32 || t.ne1 != 1 || t.ne0 != width)
+      throw std::invalid_argument("expected an F32 vector of " + std::to_string(width) + " elements");
+  }
+  int64_t input_cols(int64_t index) const {
+    for (const Tensor& t : graph_.tensors())
+      if (t.producer >= 0 && graph_.node(t.producer).op == Op::Input && graph_.node(t.producer).i[0] == index)
+        return t.ne0;
+    throw std::invalid_argument("no such input");
+  }
+
+  Graph graph_;
+  std::vector<nb::object> owners_;
+  std::vector<RowLimit> get_rows_limits_;
+};
+
+size_t checked_row_bytes(GGMLType type, int64_t n) {
+  const int64_t bs = type_traits(type).block_size;
+  if (n <= 0 || n % bs) throw std::invalid_argument("row length must be a positive multiple of " + std::to_string(bs));
+  return row_bytes(type, n);
+}
+
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> quantize_row(int32_t type_id, F32Array x) {
+  const GGMLType type = checked_type(type_id);
+  const TypeKernels& k = kernels_for(active_kernels(), type);
+  if (!k.quantize_row) throw std::invalid_argument("no quantize_row kernel for this type");
+  const int64_t n = static_cast<int64_t>(x.size());
+  const size_t nbytes = checked_row_bytes(type, n);
+  uint8_t* out = new uint8_t[nbytes];
+  k.quantize_row(x.data(), out, n);
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+  return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(out, {nbytes}, owner);
+}
+
+nb::ndarray<nb::numpy, float, nb::ndim<1>> dequantize_row(int32_t type_id, Bytes raw, int64_t n) {
+  const GGMLType type = checked_type(type_id);
+  const TypeKernels& k = kernels_for(active_kernels(), type);
+  if (checked_row_bytes(type, n) > raw.size()) throw std::invalid_argument("data shorter than n elements");
+  float* out = new float[n];
+  k.dequantize_row(raw.data(), out, n);
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {static_cast<size_t>(n)}, owner);
+}
+
+// dot(weight row of `type`, activation row x): x is converted to the type's vec_dot_type first,
+// exactly as the matmul does.
+float vec_dot(int32_t type_id, Bytes weight_row, F32Array x) {
+  const GGMLType type = checked_type(type_id);
+  const TypeKernels& k = kernels_for(active_kernels(), type);
+  if (!k.vec_dot) throw std::invalid_argument("no vec_dot kernel for this type");
+  const int64_t n = static_cast<int64_t>(x.size());
+  if (checked_row_bytes(type, n) > weight_row.size()) throw std::invalid_argument("weight row shorter than x");
+  const TypeKernels& act = active_kernels().of(k.vec_dot_type);
+  std::vector<uint8_t> xq(checked_row_bytes(k.vec_dot_type, n));
+  act.quantize_row(x.data(), xq.data(), n);
+  float out = 0.0f;
+  k.vec_dot(n, &out, weight_row.data(), xq.data());
+  return out;
+}
+
+nb::dict cpu_flags() {
+  const CpuFeatures& f = cpu_features();
+  nb::dict d;
+  d["avx2"] = f.avx2;
+  d["fma"] = f.fma;
+  d["f16c"] = f.f16c;
+  d["avx512f"] = f.avx512f;
+  d["avx512bw"] = f.avx512bw;
+  d["avx512vl"] = f.avx512vl;
+  d["avx512dq"] = f.avx512dq;
+  d["avx512vnni"] = f.avx512vnni;
+  d["avx512bf16"] = f.avx512bf16;
+  d["avx_vnni"] = f.avx_vnni;
+  d["amx_tile"] = f.amx_tile;
+  d["amx_int8"] = f.amx_int8;
+  d["amx_bf16"] = f.amx_bf16;
+  d["amx_granted"] = f.amx_granted;
+  return d;
+}
+
+std::vector<std::string> types_with_kernels() {
+  std::vector<std::string> out;
+  const KernelTable& t = active_kernels();
+  for (int i = 0; i < kTypeCount; ++i)
+    if (t.types[i].vec_dot && type_traits(static_cast<GGMLType>(i)).name) out.push_back(type_traits(static_cast<GGMLType>(i)).name);
+  return out;
+}
+
+}  // namespace
+}  // namespace ember
+
+NB_MODULE(_core, m) {
+  using namespace ember;
+  m.doc() = "ember's compute core: graph runtime, thread pool and quantized kernels";
+
+  nb::class_<PyGraph>(m, "Graph")
+      .def(nb::init<int>(), "n_threads"_a)
+      .def("weight", &PyGraph::weight, "type"_a, "ne0"_a, "ne1"_a, "data"_a)
+      .def("input", &PyGraph::input, "ne0"_a)
+      .def("get_rows", &PyGraph::get_rows, "weight"_a, "by_position"_a = false)
+      .def("matmul", &PyGraph::matmul, "weight"_a, "x"_a)
+      .def("add", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Add, a, b); })
+      .def("mul", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Mul, a, b); })
+      .def("swiglu", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::SwiGLU, a, b); }, "gate"_a, "up"_a)
+      .def("geglu", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::GeGLU, a, b); }, "gate"_a, "up"_a)
+      .def("scale", [](PyGraph& g, int32_t a, float s) { return g.unary(Op::Scale, a, s); })
+      .def("silu", [](PyGraph& g, int32_t a) { return g.unary(Op::Silu, a, 0.0f); })
+      .def("gelu", [](PyGraph& g, int32_t a) { return g.unary(Op::Gelu, a, 0.0f); })
+      .def("softcap", [](PyGraph& g, int32_t a, float cap) {
+        if (!(cap > 0.0f)) throw std::invalid_argument("softcap must be > 0");
+        return g.unary(Op::Softcap, a, cap);
+      })
+      .def("rms_norm", &PyGraph::rms_norm, "x"_a, "weight"_a = -1, "eps"_a = 1e-6f, "group"_a = 0)
+      .def("layer_norm", &PyGraph::layer_norm, "x"_a, "weight"_a = -1, "bias"_a = -1, "eps"_a = 1e-5f)
+      .def("rope", &PyGraph::rope, "x"_a, "head_dim"_a, "n_rot"_a, "neox"_a, "base"_a, "freq_scale"_a = 1.0f,
+           "factors"_a = -1)
+      .def("attention", &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
+           "scale"_a, "window"_a = 0, "softcap"_a = 0.0f)
+      .def("select_outputs", &PyGraph::select_outputs)
+      .def("view", &PyGraph::view, "x"_a, "col_offset"_a, "n_cols"_a)
+      .def("set_output", &PyGraph::set_output)
+      .def("plan", &PyGraph::plan, "max_tokens"_a, "max_outputs"_a, "n_ctx"_a, "n_seq"_a = 1)
+      .def("run", &PyGraph::run, "tokens"_a, "positions"_a, "seq_ids"_a, "output_rows"_a,
+           "inputs"_a = std::vector<F32Array>())
+      .def("kv_copy", &PyGraph::kv_copy, "src"_a, "dst"_a, "n"_a)
+      .def_prop_ro("arena_size", &PyGraph::arena_size)
+      .def_prop_ro("kv_size", &PyGraph::kv_size)
+      .def_prop_ro("n_threads", &PyGraph::n_threads)
+      .def_prop_ro("isa", &PyGraph::isa);
+
+  m.def("quantize_row", &quantize_row, "type"_a, "x"_a);
+  m.def("dequantize_row", &dequantize_row, "type"_a, "raw"_a, "n"_a);
+  m.def("vec_dot", &vec_dot, "type"_a, "weight_row"_a, "x"_a);
+  m.def("cpu_flags", &cpu_flags);
+  m.def("available_isas", &available_isas);
+  m.def("isa", [] { return std::string(active_kernels().isa); });
+  m.def("set_isa", &set_active_isa, "isa"_a);
+  m.def("types_with_kernels", &types_with_kernels);
+  m.def("allocations_during_run", &allocations_during_run);
+}

@@ -1,0 +1,246 @@
+#include "core/graph.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/alloc_counter.h"
+
+namespace ember {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+void free_aligned(uint8_t* p) { std::free(p); }
+
+struct Block {
+  size_t offset, size;
+  int64_t free_after;  // node index after which the block can be reused
+};
+
+// First-fit placement among the blocks still live.
+size_t place(std::vector<Block>& live, size_t size) {
+  std::sort(live.begin(), live.end(), [](const Block& a, const Block& b) { return a.offset < b.offset; });
+  size_t offset = 0;
+  for (const Block& b : live) {
+    if (b.offset >= offset + size) break;
+    offset = std::max(offset, align_up(b.offset + b.size));
+  }
+  return offset;
+}
+}  // namespace
+
+Graph::Graph(int n_threads) : pool_(n_threads) {}
+
+int32_t Graph::add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* data, size_t n_bytes) {
+  const TypeTraits& tt = type_traits(type);
+  if (!tt.name) throw std::invalid_argument("unsupported tensor type");
+  if (ne0 <= 0 || ne1 <= 0 || ne0 % tt.block_size != 0)
+    throw std::invalid_argument("weight shape does not fit its type's block size");
+  if (row_bytes(type, ne0) * static_cast<size_t>(ne1) > n_bytes)
+    throw std::invalid_argument("weight data smaller than its shape");
+  Tensor t;
+  t.type = type;
+  t.ne0 = ne0;
+  t.ne1 = ne1;
+  t.row_stride = row_bytes(type, ne0);
+  t.is_weight = true;
+  t.weight_data = data;
+  tensors_.push_back(t);
+  return static_cast<int32_t>(tensors_.size() - 1);
+}
+
+int32_t Graph::add_input(int64_t ne0) {
+  int32_t id = add_node(Op::Input, ne0, kRowsTokens, {}, {}, {static_cast<int32_t>(n_inputs_)});
+  ++n_inputs_;
+  return id;
+}
+
+int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<int32_t> srcs,
+                        std::initializer_list<float> f, std::initializer_list<int32_t> i) {
+  if (ne0 <= 0) throw std::invalid_argument("node with no columns");
+  Node n;
+  n.op = op;
+  int k = 0;
+  for (int32_t s : srcs) {
+    if (k >= 4) throw std::invalid_argument("too many sources");
+    // -1 marks an optional source that is absent.
+    if (s < -1 || s >= static_cast<int32_t>(tensors_.size()) || (k == 0 && s < 0))
+      throw std::invalid_argument("bad source tensor");
+    n.src[k++] = s;
+  }
+  k = 0;
+  for (float v : f) n.f[k++] = v;
+  k = 0;
+  for (int32_t v : i) n.i[k++] = v;
+  Tensor t;
+  t.ne0 = ne0;
+  t.ne1 = ne1;
+  t.row_stride = static_cast<size_t>(ne0) * sizeof(float);
+  t.producer = static_cast<int32_t>(nodes_.size());
+  tensors_.push_back(t);
+  n.out = static_cast<int32_t>(tensors_.size() - 1);
+  if (op == Op::Attention) n.i[4] = static_cast<int32_t>(kv_.size()), kv_.emplace_back();
+  nodes_.push_back(n);
+  return n.out;
+}
+
+int32_t Graph::add_view(int32_t src, int64_t col_offset, int64_t n_cols) {
+  const Tensor& s = tensors_.at(src);
+  if (s.is_weight || s.type != GGMLType::F32) throw std::invalid_argument("views are of F32 activations");
+  if (col_offset < 0 || n_cols <= 0 || col_offset + n_cols > s.ne0) throw std::invalid_argument("view out of range");
+  Tensor t = s;
+  t.ne0 = n_cols;
+  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.alias_offset = s.alias_offset + static_cast<size_t>(col_offset) * sizeof(float);
+  t.producer = -1;
+  tensors_.push_back(t);
+  return static_cast<int32_t>(tensors_.size() - 1);
+}
+
+size_t Graph::max_bytes(const Tensor& t) const {
+  int64_t rows = t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1;
+  return static_cast<size_t>(rows) * t.row_stride;
+}
+
+size_t Graph::node_work_size(const Node& n) const {
+  int64_t rows_max = max_tokens_;
+  switch (n.op) {
+    case Op::MatMul: {
+      const Tensor& w = tensors_[n.src[0]];
+      GGMLType vdt = kernels_->of(w.type).vec_dot_type;
+      if (vdt == GGMLType::F32) return 0;
+      return static_cast<size_t>(rows_max) * align_up(row_bytes(vdt, w.ne0));
+    }
+    case Op::Attention:
+      // Per thread: scores over the context, and one output row accumulator.
+      return static_cast<size_t>(pool_.size()) * align_up((n_ctx_ + n.i[2]) * sizeof(float));
+    default:
+      return 0;
+  }
+}
+
+void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq) {
+  if (output_ < 0) throw std::invalid_argument("graph has no output");
+  if (max_tokens <= 0 || max_outputs <= 0 || n_ctx <= 0 || n_seq <= 0) throw std::invalid_argument("bad plan sizes");
+  max_tokens_ = max_tokens;
+  max_outputs_ = max_outputs;
+  n_ctx_ = n_ctx;
+  n_seq_ = n_seq;
+
+  // Last node that reads each tensor (views count for the tensor they alias).
+  std::vector<int64_t> last_use(tensors_.size(), -1);
+  for (size_t ni = 0; ni < nodes_.size(); ++ni) {
+    for (int32_t s : nodes_[ni].src) {
+      if (s < 0) continue;
+      int32_t root = tensors_[s].alias_of >= 0 ? tensors_[s].alias_of : s;
+      last_use[root] = std::max<int64_t>(last_use[root], static_cast<int64_t>(ni));
+    }
+  }
+  int32_t out_root = tensors_[output_].alias_of >= 0 ? tensors_[output_].alias_of : output_;
+  last_use[out_root] = static_cast<int64_t>(nodes_.size());
+
+  std::vector<Block> live;
+  size_t total = 0;
+  for (size_t ni = 0; ni < nodes_.size(); ++ni) {
+    const int64_t idx = static_cast<int64_t>(ni);
+    live.erase(std::remove_if(live.begin(), live.end(), [&](const Block& b) { return b.free_after < idx; }),
+               live.end());
+    Node& n = nodes_[ni];
+    Tensor& t = tensors_[n.out];
+    size_t size = align_up(max_bytes(t));
+    t.arena_offset = place(live, size);
+    // An output nobody reads still needs its memory during its own node.
+    live.push_back({t.arena_offset, size, std::max<int64_t>(last_use[n.out], idx)});
+    total = std::max(total, t.arena_offset + size);
+    n.work_size = node_work_size(n);
+    if (n.work_size) {
+      n.work_offset = place(live, n.work_size);
+      live.push_back({n.work_offset, n.work_size, idx});
+      total = std::max(total, n.work_offset + n.work_size);
+    }
+  }
+  arena_size_ = align_up(total + kAlign);
+  void* mem = nullptr;
+  if (posix_memalign(&mem, kAlign, arena_size_) != 0) throw std::bad_alloc();
+  std::memset(mem, 0, arena_size_);
+  arena_ = std::unique_ptr<uint8_t[], void (*)(uint8_t*)>(static_cast<uint8_t*>(mem), free_aligned);
+
+  for (const Node& n : nodes_) {
+    if (n.op != Op::Attention) continue;
+    KVCache& c = kv_[n.i[4]];
+    c.n_ctx = n_ctx;
+    c.n_seq = n_seq;
+    c.row_elems = static_cast<int64_t>(n.i[1]) * n.i[2];
+    size_t elems = static_cast<size_t>(n_ctx * n_seq * c.row_elems);
+    c.k.assign(elems, 0);
+    c.v.assign(elems, 0);
+  }
+}
+
+size_t Graph::kv_size() const {
+  size_t bytes = 0;
+  for (const KVCache& c : kv_) bytes += (c.k.size() + c.v.size()) * sizeof(uint16_t);
+  return bytes;
+}
+
+void Graph::kv_copy(int64_t src, int64_t dst, int64_t n) {
+  if (src < 0 || dst < 0 || src >= n_seq_ || dst >= n_seq_ || n < 0 || n > n_ctx_)
+    throw std::out_of_range("kv_copy: sequence or length out of range");
+  if (src == dst) return;
+  for (KVCache& c : kv_) {
+    std::memcpy(c.k_row(dst, 0), c.k_row(src, 0), n * c.row_elems * sizeof(uint16_t));
+    std::memcpy(c.v_row(dst, 0), c.v_row(src, 0), n * c.row_elems * sizeof(uint16_t));
+  }
+}
+
+uint8_t* Graph::data(const Tensor& t, uint8_t* arena) const {
+  if (t.alias_of >= 0) return arena + tensors_[t.alias_of].arena_offset + t.alias_offset;
+  return arena + t.arena_offset;
+}
+
+const uint8_t* Graph::weight_or_data(const Tensor& t, uint8_t* arena) const {
+  return t.is_weight ? static_cast<const uint8_t*>(t.weight_data) : data(t, arena);
+}
+
+void Graph::run_task(void* arg, int ith, int nth) {
+  Graph* g = static_cast<Graph*>(arg);
+  ExecContext& ctx = g->ctx_;
+  for (const Node& n : g->nodes_) {
+    g->kernels_->ops[static_cast<int>(n.op)](n, ctx, ith, nth);
+    ctx.barrier();
+  }
+}
+
+const float* Graph::run(int64_t n_tokens, const int32_t* tokens, const int32_t* positions,
+                        const int32_t* seq_ids, int64_t n_outputs, const int32_t* output_rows,
+                        const float* const* inputs, int64_t n_inputs) {
+  if (!arena_) throw std::logic_error("graph not planned");
+  if (n_tokens <= 0 || n_tokens > max_tokens_) throw std::out_of_range("batch size out of range");
+  if (n_outputs <= 0 || n_outputs > max_outputs_) throw std::out_of_range("output count out of range");
+  if (n_inputs != n_inputs_) throw std::invalid_argument("wrong number of inputs");
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (positions[t] < 0 || positions[t] >= n_ctx_) throw std::out_of_range("position outside the context");
+    if (seq_ids[t] < 0 || seq_ids[t] >= n_seq_) throw std::out_of_range("sequence id out of range");
+  }
+  for (int64_t r = 0; r < n_outputs; ++r)
+    if (output_rows[r] < 0 || output_rows[r] >= n_tokens) throw std::out_of_range("output row out of range");
+  AllocationWatch watch;
+  ctx_.kernels = kernels_;
+  ctx_.graph = this;
+  ctx_.pool = &pool_;
+  ctx_.arena = arena_.get();
+  ctx_.n_tokens = n_tokens;
+  ctx_.n_outputs = n_outputs;
+  ctx_.tokens = tokens;
+  ctx_.positions = positions;
+  ctx_.seq_ids = seq_ids;
+  ctx_.output_rows = output_rows;
+  ctx_.inputs = inputs;
+  pool_.run(run_task, this);
+  return reinterpret_cast<const float*>(data(tensors_[output_], arena_.get()));
+}
+
+}  // namespace ember

@@ -1,0 +1,130 @@
+// The compute graph: tensors (weights, inputs, intermediate activations) and the node list
+// that a model's Python builder creates once. plan() places every intermediate in one arena
+// (reusing memory by liveness) and allocates the KV cache; run() executes the nodes on the
+// thread pool for a batch of tokens, allocating nothing.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/kernels.h"
+#include "core/threadpool.h"
+#include "core/types.h"
+
+namespace ember {
+
+// Row counts that depend on the batch: the number of tokens, or of rows whose logits are wanted.
+constexpr int64_t kRowsTokens = -1;
+constexpr int64_t kRowsOutputs = -2;
+
+struct Tensor {
+  GGMLType type = GGMLType::F32;
+  int64_t ne0 = 0;            // elements per row
+  int64_t ne1 = 0;            // rows, or kRowsTokens / kRowsOutputs
+  size_t row_stride = 0;      // bytes between rows (views of a wider tensor have a larger one)
+  bool is_weight = false;
+  const void* weight_data = nullptr;  // weights: mmapped file data, owned by Python
+  int32_t alias_of = -1;      // views: the tensor whose memory this one shares
+  size_t alias_offset = 0;    // views: byte offset into that tensor's rows
+  size_t arena_offset = 0;    // activations: placement in the arena
+  int32_t producer = -1;      // node that writes it (-1 for weights and views)
+};
+
+struct Node {
+  Op op = Op::Input;
+  int32_t out = -1;           // tensor id
+  int32_t src[4] = {-1, -1, -1, -1};
+  float f[8] = {};
+  int32_t i[8] = {};
+  size_t work_offset = 0;     // scratch in the arena for this node
+  size_t work_size = 0;
+};
+
+struct KVCache {
+  int64_t n_ctx = 0, n_seq = 0, row_elems = 0;  // row_elems = n_kv_heads * head_dim
+  std::vector<uint16_t> k, v;  // F16, [n_seq][n_ctx][row_elems]
+  uint16_t* k_row(int64_t seq, int64_t pos) { return k.data() + (seq * n_ctx + pos) * row_elems; }
+  uint16_t* v_row(int64_t seq, int64_t pos) { return v.data() + (seq * n_ctx + pos) * row_elems; }
+};
+
+struct ExecContext {
+  const KernelTable* kernels = nullptr;
+  class Graph* graph = nullptr;
+  ThreadPool* pool = nullptr;
+  uint8_t* arena = nullptr;
+  int64_t n_tokens = 0, n_outputs = 0;
+  const int32_t* tokens = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* seq_ids = nullptr;
+  const int32_t* output_rows = nullptr;
+  const float* const* inputs = nullptr;  // external F32 inputs, by Input node order
+
+  int64_t rows(const Tensor& t) const {
+    return t.ne1 == kRowsTokens ? n_tokens : t.ne1 == kRowsOutputs ? n_outputs : t.ne1;
+  }
+  void barrier() { pool->barrier(); }
+};
+
+class Graph {
+ public:
+  explicit Graph(int n_threads);
+
+  int32_t add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* data, size_t n_bytes);
+  int32_t add_input(int64_t ne0);  // F32 activations [n_tokens, ne0] given to run()
+  int32_t add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<int32_t> srcs,
+                   std::initializer_list<float> f = {}, std::initializer_list<int32_t> i = {});
+  int32_t add_view(int32_t src, int64_t col_offset, int64_t n_cols);
+  void set_output(int32_t tensor) { output_ = tensor; }
+
+  // Places activations in the arena for batches of up to max_tokens tokens and max_outputs
+  // output rows, and allocates the KV cache for layers_kv attention layers.
+  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq);
+  // Runs a batch. tokens/positions/seq_ids have n_tokens entries; output_rows n_outputs.
+  // Returns a pointer to the output tensor's rows (F32, n_outputs x output's ne0).
+  const float* run(int64_t n_tokens, const int32_t* tokens, const int32_t* positions,
+                   const int32_t* seq_ids, int64_t n_outputs, const int32_t* output_rows,
+                   const float* const* inputs, int64_t n_inputs);
+
+  const Tensor& tensor(int32_t id) const { return tensors_.at(id); }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const Node& node(int32_t id) const { return nodes_.at(id); }
+  uint8_t* data(const Tensor& t, uint8_t* arena) const;
+  const uint8_t* weight_or_data(const Tensor& t, uint8_t* arena) const;
+  int32_t output() const { return output_; }
+  int64_t output_cols() const { return tensors_.at(output_).ne0; }
+  size_t arena_size() const { return arena_size_; }
+  size_t kv_size() const;
+  int n_threads() const { return pool_.size(); }
+  int64_t max_tokens() const { return max_tokens_; }
+  int64_t max_outputs() const { return max_outputs_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  int64_t n_seq() const { return n_seq_; }
+  int64_t n_inputs() const { return n_inputs_; }
+  KVCache& kv(int32_t layer) { return kv_.at(layer); }
+  int32_t n_kv_layers() const { return static_cast<int32_t>(kv_.size()); }
+  // Copies cached positions [0, n) of sequence src to sequence dst in every layer.
+  void kv_copy(int64_t src, int64_t dst, int64_t n);
+  const KernelTable* kernels() const { return kernels_; }
+  void set_kernels(const KernelTable* k) { kernels_ = k; }
+
+ private:
+  size_t max_bytes(const Tensor& t) const;
+  size_t node_work_size(const Node& n) const;
+  static void run_task(void* arg, int ith, int nth);
+
+  std::vector<Tensor> tensors_;
+  std::vector<Node> nodes_;
+  std::vector<KVCache> kv_;
+  int32_t output_ = -1;
+  int64_t n_inputs_ = 0;
+  int64_t max_tokens_ = 0, max_outputs_ = 0, n_ctx_ = 0, n_seq_ = 0;
+  size_t arena_size_ = 0;
+  std::unique_ptr<uint8_t[], void (*)(uint8_t*)> arena_{nullptr, nullptr};
+  const KernelTable* kernels_ = nullptr;
+  ThreadPool pool_;
+  ExecContext ctx_;
+};
+
+}  // namespace ember

@@ -1,0 +1,73 @@
+// The kernel table: everything that is compiled once per instruction set. Each ISA variant
+// (namespaces ember::scalar, ember::avx2, ember::avx512, ember::amx) fills one table;
+// cpu_features.cpp chooses which one the graph uses.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/types.h"
+
+#define EMBER_STRINGIFY_(x) #x
+#define EMBER_STRINGIFY(x) EMBER_STRINGIFY_(x)
+
+namespace ember {
+
+struct Node;
+struct ExecContext;
+
+// Dequantize / quantize one row of n elements (n a multiple of the block size).
+using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
+using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
+// Dot product of one weight row x (its type) with one activation row y (the type's vec_dot_type).
+using VecDotFn = void (*)(int64_t n, float* out, const void* x, const void* y);
+// Tile kernel: out[c * out_stride + r] = dot(x row r, y row c) for r < n_rows, c < n_cols.
+// Rows of x are x_stride bytes apart, rows of y y_stride bytes apart.
+using GemmTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void* x, size_t x_stride,
+                            const void* y, size_t y_stride, int n_rows, int n_cols);
+
+struct TypeKernels {
+  GGMLType vec_dot_type = GGMLType::F32;  // the format activations are converted to
+  DequantizeRowFn dequantize_row = nullptr;
+  QuantizeRowFn quantize_row = nullptr;  // for activation types (Q8_0, Q8_1, Q8_K, F16, BF16, F32)
+  VecDotFn vec_dot = nullptr;
+  GemmTileFn gemm_tile = nullptr;  // optional; the matmul falls back to vec_dot
+  int tile_rows = 0, tile_cols = 0;  // preferred tile shape for gemm_tile
+};
+
+enum class Op : int32_t {
+  Input, GetRows, MatMul, Add, Mul, Scale, RmsNorm, LayerNorm, Rope, Silu, Gelu, SwiGLU, GeGLU,
+  Attention, SelectRows, Softcap, Count
+};
+
+using OpFn = void (*)(const Node& node, ExecContext& ctx, int ith, int nth);
+
+struct KernelTable {
+  const char* isa = nullptr;
+  TypeKernels types[kTypeCount];
+  OpFn ops[static_cast<int>(Op::Count)] = {};
+  const TypeKernels& of(GGMLType t) const { return types[static_cast<int>(t)]; }
+};
+
+// Registration, one set per ISA namespace. register_kernels fills the whole table.
+#define EMBER_DECLARE_ISA(NS)                          \
+  namespace NS {                                       \
+  void register_kernels(KernelTable& table);           \
+  void register_ops(KernelTable& table);               \
+  void register_float_types(KernelTable& table);       \
+  void register_q8(KernelTable& table);                \
+  void register_q4(KernelTable& table);                \
+  void register_q5(KernelTable& table);                \
+  void register_q8_k(KernelTable& table);              \
+  void register_q2_k(KernelTable& table);              \
+  void register_q3_k(KernelTable& table);              \
+  void register_q4_k(KernelTable& table);              \
+  void register_q5_k(KernelTable& table);              \
+  void register_q6_k(KernelTable& table);              \
+  }
+EMBER_DECLARE_ISA(scalar)
+EMBER_DECLARE_ISA(avx2)
+EMBER_DECLARE_ISA(avx512)
+EMBER_DECLARE_ISA(amx)
+#undef EMBER_DECLARE_ISA
+
+}  // namespace ember

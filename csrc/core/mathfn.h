@@ -1,0 +1,42 @@
+// Branch-free float functions that compilers vectorize (no libm calls in hot loops).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace ember {
+
+// exp(x) with relative error < 2e-7 over the float range: x = n ln2 + r, exp(r) by a degree-6
+// polynomial, 2^n assembled in the exponent bits. Underflows to 0, overflows to inf.
+inline float exp_approx(float x) {
+  x = x < -88.0f ? -88.0f : (x > 88.7f ? 88.7f : x);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float p = 1.3888889e-3f;
+  p = p * r + 8.3333333e-3f;
+  p = p * r + 4.1666667e-2f;
+  p = p * r + 1.6666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
+
+inline float tanh_approx(float x) {
+  // tanh(x) = 1 - 2 / (exp(2x) + 1), saturating cleanly at both ends.
+  return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f);
+}
+
+// GELU, tanh form (GPT-2, Gemma): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanh_approx(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+}  // namespace ember

@@ -1,0 +1,124 @@
+#include "cpu_features.h"
+
+#include <cpuid.h>
+#include <cstdlib>
+#include <stdexcept>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+namespace ember {
+
+namespace {
+
+uint64_t xgetbv0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// Linux: a process must ask for the AMX tile data state before touching the tiles.
+bool request_amx_permission() {
+#if defined(__linux__)
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  uint32_t a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27);
+  f.fma = c & (1u << 12);
+  f.f16c = c & (1u << 29);
+  if (!osxsave) return f;
+  const uint64_t xcr0 = xgetbv0();
+  const bool os_avx = (xcr0 & 0x6) == 0x6;
+  const bool os_avx512 = (xcr0 & 0xE6) == 0xE6;
+  const bool os_amx = (xcr0 & (3u << 17)) == (3u << 17);
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = os_avx && (b & (1u << 5)) && f.fma && f.f16c;
+  f.avx512f = os_avx512 && (b & (1u << 16));
+  f.avx512dq = f.avx512f && (b & (1u << 17));
+  f.avx512bw = f.avx512f && (b & (1u << 30));
+  f.avx512vl = f.avx512f && (b & (1u << 31));
+  f.avx512vnni = f.avx512f && (c & (1u << 11));
+  f.amx_bf16 = os_amx && (d & (1u << 22));
+  f.amx_tile = os_amx && (d & (1u << 24));
+  f.amx_int8 = os_amx && (d & (1u << 25));
+  __cpuid_count(7, 1, a, b, c, d);
+  f.avx_vnni = os_avx && (a & (1u << 4));
+  f.avx512bf16 = f.avx512f && (a & (1u << 5));
+  if (f.amx_tile && f.amx_int8) f.amx_granted = request_amx_permission();
+  return f;
+}
+
+bool supports(const std::string& isa, const CpuFeatures& f) {
+  if (isa == "scalar") return true;
+  if (isa == "avx2") return f.avx2;
+  if (isa == "avx512") return f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
+  if (isa == "amx") return supports("avx512", f) && f.amx_tile && f.amx_int8 && f.amx_bf16 && f.amx_granted;
+  return false;
+}
+
+KernelTable make_table(void (*fill)(KernelTable&)) {
+  KernelTable t;
+  fill(t);
+  return t;
+}
+
+const KernelTable& table_for(const std::string& isa) {
+  static const KernelTable scalar_table = make_table(scalar::register_kernels);
+  static const KernelTable avx2_table = make_table(avx2::register_kernels);
+  static const KernelTable avx512_table = make_table(avx512::register_kernels);
+  static const KernelTable amx_table = make_table(amx::register_kernels);
+  if (isa == "avx2") return avx2_table;
+  if (isa == "avx512") return avx512_table;
+  if (isa == "amx") return amx_table;
+  return scalar_table;
+}
+
+// AMX kernels come later; until then the best default stops at AVX-512.
+std::string default_isa() {
+  const char* forced = std::getenv("EMBER_ISA");
+  if (forced && *forced) return forced;
+  const std::vector<std::string> isas = available_isas();
+  for (auto it = isas.rbegin(); it != isas.rend(); ++it)
+    if (*it != "amx") return *it;
+  return "scalar";
+}
+
+const KernelTable* g_active = nullptr;
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  for (const char* isa : {"scalar", "avx2", "avx512", "amx"})
+    if (supports(isa, cpu_features())) out.push_back(isa);
+  return out;
+}
+
+void set_active_isa(const std::string& isa) {
+  if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "amx")
+    throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avx512 or amx)");
+  if (!supports(isa, cpu_features()))
+    throw std::invalid_argument("this CPU (or OS) does not support ISA '" + isa + "'");
+  g_active = &table_for(isa);
+}
+
+const KernelTable& active_kernels() {
+  if (!g_active) set_active_isa(default_isa());
+  return *g_active;
+}
+
+}  // namespace ember

@@ -1,0 +1,61 @@
+// y[t, r] = dot(W row r, x row t) for weights of any type. Activations are first converted,
+// row by row, to the weight type's vec_dot_type (an 8-bit block format for quantized weights),
+// then each thread computes a contiguous range of weight rows for all tokens, in tiles of
+// kRowTile weight rows x kColTile tokens so each weight block is reused while it is in cache.
+#include "ops/common.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+constexpr int64_t kRowTile = 16;
+constexpr int64_t kColTile = 8;
+
+void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
+  const TypeKernels& tk = ctx.kernels->of(w.type);
+  const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
+
+  const uint8_t* act = ctx.graph->weight_or_data(x, ctx.arena);
+  size_t act_stride = x.row_stride;
+  if (tk.vec_dot_type != GGMLType::F32) {
+    const size_t stride = (row_bytes(tk.vec_dot_type, K) + 63) & ~size_t(63);
+    uint8_t* work = ctx.arena + n.work_offset;
+    const QuantizeRowFn quantize = ctx.kernels->of(tk.vec_dot_type).quantize_row;
+    const Range rows = split(M, ith, nth);
+    for (int64_t t = rows.begin; t < rows.end; ++t)
+      quantize(reinterpret_cast<const float*>(act + t * act_stride), work + t * stride, K);
+    ctx.barrier();
+    act = work;
+    act_stride = stride;
+  }
+
+  const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
+  float* out = row_f32(ctx, y, 0);
+  const size_t out_stride = y.row_stride / sizeof(float);
+  // Split weight rows between threads in whole tiles.
+  const int64_t n_tiles = (N + kRowTile - 1) / kRowTile;
+  const Range tiles = split(n_tiles, ith, nth);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    const int64_t r0 = tile * kRowTile, r1 = std::min(N, r0 + kRowTile);
+    for (int64_t c0 = 0; c0 < M; c0 += kColTile) {
+      const int64_t c1 = std::min(M, c0 + kColTile);
+      if (tk.gemm_tile) {
+        tk.gemm_tile(K, out + c0 * out_stride + r0, out_stride, weights + r0 * w.row_stride, w.row_stride,
+                     act + c0 * act_stride, act_stride, static_cast<int>(r1 - r0), static_cast<int>(c1 - c0));
+        continue;
+      }
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r)
+          tk.vec_dot(K, out + c * out_stride + r, weights + r * w.row_stride, act + c * act_stride);
+    }
+  }
+}
+
+}  // namespace
+
+void register_matmul_ops(KernelTable& t) { t.ops[static_cast<int>(Op::MatMul)] = op_matmul; }
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember

@@ -1,0 +1,74 @@
+// RMSNorm and LayerNorm over each row, or over each group of `group` columns (per-head QK-norm),
+// with an optional weight (and bias) of the group's width.
+#include <cmath>
+
+#include "ops/common.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+// Returns the weight row for a node's optional weight source k (nullptr when absent).
+const float* optional_vector(const ExecContext& ctx, const Node& n, int k) {
+  return n.src[k] >= 0 ? operand_row(ctx, src_tensor(ctx, n, k), 0) : nullptr;
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w
+void op_rms_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
+  const float eps = n.f[0];
+  const int64_t group = n.i[0] > 0 ? n.i[0] : out.ne0;
+  const float* w = optional_vector(ctx, n, 1);
+  const Range rows = split(ctx.rows(out), ith, nth);
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const float* x = operand_row(ctx, in, r);
+    float* y = row_f32(ctx, out, r);
+    for (int64_t g0 = 0; g0 < out.ne0; g0 += group) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < group; ++c) sum += static_cast<double>(x[g0 + c]) * x[g0 + c];
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sum / group) + eps);
+      if (w) {
+        for (int64_t c = 0; c < group; ++c) y[g0 + c] = x[g0 + c] * scale * w[c];
+      } else {
+        for (int64_t c = 0; c < group; ++c) y[g0 + c] = x[g0 + c] * scale;
+      }
+    }
+  }
+}
+
+// y = (x - mean) / sqrt(var + eps) * w + b
+void op_layer_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
+  const float eps = n.f[0];
+  const int64_t cols = out.ne0;
+  const float* w = optional_vector(ctx, n, 1);
+  const float* b = optional_vector(ctx, n, 2);
+  const Range rows = split(ctx.rows(out), ith, nth);
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const float* x = operand_row(ctx, in, r);
+    float* y = row_f32(ctx, out, r);
+    double sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) sum += x[c];
+    const float mean = static_cast<float>(sum / cols);
+    double var = 0.0;
+    for (int64_t c = 0; c < cols; ++c) var += static_cast<double>(x[c] - mean) * (x[c] - mean);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(var / cols) + eps);
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = (x[c] - mean) * scale;
+      if (w) v *= w[c];
+      if (b) v += b[c];
+      y[c] = v;
+    }
+  }
+}
+
+}  // namespace
+
+void register_norm_ops(KernelTable& t) {
+  t.ops[static_cast<int>(Op::RmsNorm)] = op_rms_norm;
+  t.ops[static_cast<int>(Op::LayerNorm)] = op_layer_norm;
+}
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember

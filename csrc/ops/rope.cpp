@@ -1,0 +1,53 @@
+// Rotary position embedding on [n_tokens, n_heads * head_dim] rows.
+// theta_i = pos * freq_scale * base^(-2i / n_rot) / factor_i for i < n_rot / 2; dimensions past
+// n_rot pass through. Normal layout rotates pairs (2i, 2i+1); NeoX layout rotates (i, i + n_rot/2).
+#include <cmath>
+
+#include "ops/common.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+constexpr int kMaxRotPairs = 512;
+
+void op_rope(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
+  const int64_t head_dim = n.i[0], n_rot = n.i[1];
+  const bool neox = n.i[2] != 0;
+  const float base = n.f[0], freq_scale = n.f[1];
+  const float* factors = n.src[1] >= 0 ? operand_row(ctx, src_tensor(ctx, n, 1), 0) : nullptr;
+  const int64_t n_heads = out.ne0 / head_dim, half = n_rot / 2;
+  float cos_t[kMaxRotPairs], sin_t[kMaxRotPairs];
+  const Range rows = split(ctx.rows(out), ith, nth);
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const float pos = static_cast<float>(ctx.positions[r]);
+    for (int64_t i = 0; i < half; ++i) {
+      float theta = pos * freq_scale * std::pow(base, -2.0f * i / n_rot);
+      if (factors) theta /= factors[i];
+      cos_t[i] = std::cos(theta);
+      sin_t[i] = std::sin(theta);
+    }
+    const float* x = operand_row(ctx, in, r);
+    float* y = row_f32(ctx, out, r);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* xh = x + h * head_dim;
+      float* yh = y + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = xh[a], x1 = xh[b];
+        yh[a] = x0 * cos_t[i] - x1 * sin_t[i];
+        yh[b] = x0 * sin_t[i] + x1 * cos_t[i];
+      }
+      for (int64_t i = n_rot; i < head_dim; ++i) yh[i] = xh[i];
+    }
+  }
+}
+
+}  // namespace
+
+void register_rope_ops(KernelTable& t) { t.ops[static_cast<int>(Op::Rope)] = op_rope; }
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember

@@ -1,0 +1,101 @@
+// Q4_0 and Q4_1. A block holds 32 weights as nibbles: qs[j] low nibble is element j, high
+// nibble element j + 16. Q4_0: value = d * (q - 8), dotted with Q8_0 activations.
+// Q4_1: value = d * q + m, dotted with Q8_1 activations: sum = d dy sum(q qy) + m s_y.
+#include "core/fp16.h"
+#include "core/kernels.h"
+#include "quants/simd.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
+  const block_q4_0* x = static_cast<const block_q4_0*>(src);
+  for (int64_t b = 0; b < n / QK4_0; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      dst[b * QK4_0 + j] = d * ((x[b].qs[j] & 0x0F) - 8);
+      dst[b * QK4_0 + j + QK4_0 / 2] = d * ((x[b].qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
+  const block_q4_1* x = static_cast<const block_q4_1*>(src);
+  for (int64_t b = 0; b < n / QK4_1; ++b) {
+    const float d = fp16_to_fp32(x[b].d), m = fp16_to_fp32(x[b].m);
+    for (int j = 0; j < QK4_1 / 2; ++j) {
+      dst[b * QK4_1 + j] = d * (x[b].qs[j] & 0x0F) + m;
+      dst[b * QK4_1 + j + QK4_1 / 2] = d * (x[b].qs[j] >> 4) + m;
+    }
+  }
+}
+
+void vec_dot_q4_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q4_0* x = static_cast<const block_q4_0*>(vx);
+  const block_q8_0* y = static_cast<const block_q8_0*>(vy);
+  const int64_t nb = n / QK4_0;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m256i qx = _mm256_sub_epi8(unpack_nibbles_32(x[b].qs), eight);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
+  }
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int isum = 0;
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      isum += ((x[b].qs[j] & 0x0F) - 8) * y[b].qs[j];
+      isum += ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + QK4_0 / 2];
+    }
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+  }
+  *out = sum;
+#endif
+}
+
+void vec_dot_q4_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q4_1* x = static_cast<const block_q4_1*>(vx);
+  const block_q8_1* y = static_cast<const block_q8_1*>(vy);
+  const int64_t nb = n / QK4_1;
+  float offsets = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m256i qx = unpack_nibbles_32(x[b].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
+  }
+  *out = hsum_f32_8(acc) + offsets;
+#else
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int isum = 0;
+    for (int j = 0; j < QK4_1 / 2; ++j) {
+      isum += (x[b].qs[j] & 0x0F) * y[b].qs[j];
+      isum += (x[b].qs[j] >> 4) * y[b].qs[j + QK4_1 / 2];
+    }
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
+  }
+  *out = sum + offsets;
+#endif
+}
+
+}  // namespace
+
+void register_q4(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q4_0)] = {GGMLType::Q8_0, dequantize_row_q4_0, nullptr, vec_dot_q4_0_q8_0};
+  t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, nullptr, vec_dot_q4_1_q8_1};
+}
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember

@@ -1,0 +1,96 @@
+// Q8_0 (weights and activations) and Q8_1 (activations for the *_1 types).
+// Q8_0 block: d (f16), 32 x int8; value = d * q.  Q8_1 adds s = d * sum(q).
+#include <cmath>
+
+#include "core/fp16.h"
+#include "core/kernels.h"
+#include "quants/simd.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+void dequantize_row_q8_0(const void* src, float* dst, int64_t n) {
+  const block_q8_0* x = static_cast<const block_q8_0*>(src);
+  for (int64_t b = 0; b < n / QK8_0; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int j = 0; j < QK8_0; ++j) dst[b * QK8_0 + j] = d * x[b].qs[j];
+  }
+}
+
+// d = max|x| / 127, q = round(x / d): the reference quantizer (ggml's quantize_row_q8_0_ref).
+void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
+  block_q8_0* y = static_cast<block_q8_0*>(dst);
+  for (int64_t b = 0; b < n / QK8_0; ++b) {
+    const float* x = src + b * QK8_0;
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < QK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
+  block_q8_1* y = static_cast<block_q8_1*>(dst);
+  for (int64_t b = 0; b < n / QK8_1; ++b) {
+    const float* x = src + b * QK8_1;
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_1; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK8_1; ++j) {
+      const int q = static_cast<int>(std::round(x[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    y[b].d = fp32_to_fp16(d);
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
+  }
+}
+
+void dequantize_row_q8_1(const void* src, float* dst, int64_t n) {
+  const block_q8_1* x = static_cast<const block_q8_1*>(src);
+  for (int64_t b = 0; b < n / QK8_1; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int j = 0; j < QK8_1; ++j) dst[b * QK8_1 + j] = d * x[b].qs[j];
+  }
+}
+
+void vec_dot_q8_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q8_0* x = static_cast<const block_q8_0*>(vx);
+  const block_q8_0* y = static_cast<const block_q8_0*>(vy);
+  const int64_t nb = n / QK8_0;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
+  }
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int isum = 0;
+    for (int j = 0; j < QK8_0; ++j) isum += x[b].qs[j] * y[b].qs[j];
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+  }
+  *out = sum;
+#endif
+}
+
+}  // namespace
+
+void register_q8(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q8_0)] = {GGMLType::Q8_0, dequantize_row_q8_0, quantize_row_q8_0,
+                                               vec_dot_q8_0_q8_0};
+  t.types[static_cast<int>(GGMLType::Q8_1)] = {GGMLType::Q8_1, dequantize_row_q8_1, quantize_row_q8_1, nullptr};
+}
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember

@@ -1,0 +1,49 @@
+// SIMD building blocks shared by the quantized dot products (AVX2 and up).
+#pragma once
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+namespace ember {
+
+inline float hsum_f32_8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int hsum_i32_8(__m256i x) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Sums of 4 adjacent products of unsigned bytes ax and signed bytes sy, as 8 int32 lanes.
+inline __m256i dot_u8_i8_i32(__m256i ax, __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+#endif
+}
+
+inline __m256 dot_u8_i8_f32(__m256i ax, __m256i sy) { return _mm256_cvtepi32_ps(dot_u8_i8_i32(ax, sy)); }
+
+// Signed x signed: move x's sign onto y so the unsigned-by-signed instruction applies.
+inline __m256i dot_i8_i8_i32(__m256i x, __m256i y) {
+  return dot_u8_i8_i32(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+inline __m256 dot_i8_i8_f32(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_i8_i8_i32(x, y)); }
+
+// 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones.
+inline __m256i unpack_nibbles_32(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+}  // namespace ember
+#endif
