@@ -1,0 +1,164 @@
+"""Native per-type kernels against the numpy references in ember.quants, for every ISA this CPU runs.
+
+Weights are random blocks (every bit pattern of the quantized fields is a valid block; the f16
+scales are set to sane values), so each kernel sees all nibble/bit combinations.
+"""
+
+import numpy as np
+import pytest
+
+from ember import _core
+from ember.quants import TYPES, GGMLType, dequantize, quantize
+
+ISAS = _core.available_isas()
+
+# Byte offsets of the f16 scale fields inside one block, per type.
+SCALE_FIELDS = {
+    GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
+    GGMLType.Q8_0: [0], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2],
+    GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+}
+QUANTIZED = list(SCALE_FIELDS)
+WEIGHT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, *QUANTIZED]
+# Activation formats: what each weight type's activations are converted to.
+VEC_DOT_TYPE = {
+    GGMLType.F32: GGMLType.F32, GGMLType.F16: GGMLType.F16, GGMLType.BF16: GGMLType.BF16,
+    GGMLType.Q4_0: GGMLType.Q8_0, GGMLType.Q5_0: GGMLType.Q8_0, GGMLType.Q8_0: GGMLType.Q8_0,
+    GGMLType.Q4_1: GGMLType.Q8_1, GGMLType.Q5_1: GGMLType.Q8_1,
+    GGMLType.Q2_K: GGMLType.Q8_K, GGMLType.Q3_K: GGMLType.Q8_K, GGMLType.Q4_K: GGMLType.Q8_K,
+    GGMLType.Q5_K: GGMLType.Q8_K, GGMLType.Q6_K: GGMLType.Q8_K,
+}
+
+
+def has_kernels(t):
+    return TYPES[t].name in _core.types_with_kernels()
+
+
+def random_rows(t, n_rows, n_cols, seed=0):
+    """Raw bytes of n_rows rows of type t, shape (n_rows, row_bytes)."""
+    rng = np.random.default_rng(seed)
+    if t == GGMLType.F32:
+        return rng.standard_normal((n_rows, n_cols)).astype(np.float32).view(np.uint8)
+    if t == GGMLType.F16:
+        return rng.standard_normal((n_rows, n_cols)).astype(np.float16).view(np.uint8)
+    if t == GGMLType.BF16:
+        bits = rng.standard_normal((n_rows, n_cols)).astype(np.float32).view(np.uint32)
+        return (bits >> 16).astype(np.uint16).view(np.uint8)
+    info = TYPES[t]
+    n_blocks = n_rows * n_cols // info.block_size
+    blocks = rng.integers(0, 256, size=(n_blocks, info.type_size), dtype=np.uint8)
+    for off in SCALE_FIELDS[t]:
+        scales = (rng.uniform(0.5, 2.0, n_blocks) * rng.choice([-1, 1], n_blocks) / 64).astype(np.float16)
+        blocks[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(n_rows, -1)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    previous = _core.isa()
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(previous)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
+def test_dequantize_row_matches_numpy_reference(isa, t):
+    if not has_kernels(t):
+        pytest.skip(f"{TYPES[t].name} has no native kernels yet")
+    n = 512
+    raw = random_rows(t, 1, n, seed=1)[0]
+    expected = dequantize(raw, t, (n,)).reshape(-1)
+    got = _core.dequantize_row(int(t), raw, n)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.F16, GGMLType.BF16], ids=lambda t: TYPES[t].name)
+def test_activation_quantizer_is_bit_exact_with_reference(isa, t):
+    x = np.random.default_rng(2).standard_normal(1024).astype(np.float32) * 3
+    assert np.array_equal(_core.quantize_row(int(t), x), quantize(x, t).reshape(-1))
+
+
+def reference_q8_1(x):
+    blocks = x.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / 127
+    q = np.round(blocks / np.where(d == 0, 1, d)[:, None])
+    return d, q
+
+
+def test_q8_1_quantizer(isa):
+    x = np.random.default_rng(3).standard_normal(256).astype(np.float32)
+    raw = _core.quantize_row(int(GGMLType.Q8_1), x).reshape(-1, 36)
+    d, q = reference_q8_1(x)
+    np.testing.assert_allclose(raw[:, 0:2].copy().view(np.float16)[:, 0], d.astype(np.float16))
+    assert np.array_equal(raw[:, 4:].view(np.int8), q.astype(np.int8))
+    s = raw[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float32)
+    np.testing.assert_allclose(s, (d * q.sum(axis=1)).astype(np.float16).astype(np.float32), rtol=1e-3)
+
+
+def test_q8_k_quantizer(isa):
+    x = np.random.default_rng(4).standard_normal(512).astype(np.float32)
+    raw = _core.quantize_row(int(GGMLType.Q8_K), x).reshape(-1, 292)
+    for b, block in enumerate(x.reshape(-1, 256)):
+        extreme = block[np.argmax(np.abs(block))]
+        iscale = -127.0 / extreme
+        q = np.minimum(127, np.rint(iscale * block)).astype(np.int8)
+        assert np.array_equal(raw[b, 4:260].view(np.int8), q)
+        assert np.array_equal(raw[b, 260:292].copy().view(np.int16), q.reshape(16, 16).sum(axis=1, dtype=np.int16))
+        np.testing.assert_allclose(raw[b, 0:4].copy().view(np.float32)[0], 1 / np.float32(iscale), rtol=1e-7)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
+@pytest.mark.parametrize("n", [256, 768, 4096])
+def test_vec_dot_matches_dequantized_dot(isa, t, n):
+    if not has_kernels(t):
+        pytest.skip(f"{TYPES[t].name} has no native kernels yet")
+    rng = np.random.default_rng(n)
+    w_raw = random_rows(t, 1, n, seed=n)[0]
+    x = rng.standard_normal(n).astype(np.float32)
+    w = dequantize(w_raw, t, (n,)).reshape(-1).astype(np.float64)
+    vdt = VEC_DOT_TYPE[t]
+    x_q = _core.dequantize_row(int(vdt), _core.quantize_row(int(vdt), x), n).astype(np.float64)
+    expected = float(w @ x_q)
+    scale = float(np.abs(w * x_q).sum())
+    got = _core.vec_dot(int(t), w_raw, x)
+    assert abs(got - expected) <= 2e-5 * scale, (got, expected)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
+@pytest.mark.parametrize("n_tokens", [1, 7, 33])
+def test_matmul_matches_numpy(isa, t, n_tokens):
+    """Odd shapes: 1 token, 33 tokens, 37 weight rows (not a multiple of the tile)."""
+    if not has_kernels(t):
+        pytest.skip(f"{TYPES[t].name} has no native kernels yet")
+    n_in, n_out = 512, 37
+    w_raw = random_rows(t, n_out, n_in, seed=5)
+    x = np.random.default_rng(6).standard_normal((n_tokens, n_in)).astype(np.float32)
+    g = _core.Graph(2)
+    w = g.weight(int(t), n_in, n_out, w_raw.reshape(-1))
+    y = g.matmul(w, g.input(n_in))
+    g.set_output(y)
+    g.plan(64, 64, 64)
+    ids = np.arange(n_tokens, dtype=np.int32)
+    out = g.run(np.zeros(n_tokens, np.int32), ids, np.zeros(n_tokens, np.int32), ids, [x])
+    w_f = dequantize(w_raw.reshape(-1), t, (n_in, n_out)).astype(np.float64)
+    vdt = VEC_DOT_TYPE[t]
+    x_q = np.stack([_core.dequantize_row(int(vdt), _core.quantize_row(int(vdt), row), n_in) for row in x])
+    expected = x_q.astype(np.float64) @ w_f.T
+    scale = np.abs(x_q).astype(np.float64) @ np.abs(w_f).T
+    assert np.all(np.abs(out - expected) <= 2e-5 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
+def test_get_rows_dequantizes_the_selected_rows(isa, t):
+    if not has_kernels(t):
+        pytest.skip(f"{TYPES[t].name} has no native kernels yet")
+    n_cols, n_rows = 256, 11
+    raw = random_rows(t, n_rows, n_cols, seed=7)
+    g = _core.Graph(1)
+    e = g.get_rows(g.weight(int(t), n_cols, n_rows, raw.reshape(-1)))
+    g.set_output(e)
+    g.plan(8, 8, 8)
+    tokens = np.array([3, 0, 10, 3], np.int32)
+    out = g.run(tokens, np.arange(4, dtype=np.int32), np.zeros(4, np.int32), np.arange(4, dtype=np.int32))
+    table = dequantize(raw.reshape(-1), t, (n_cols, n_rows))
+    np.testing.assert_allclose(out, table[tokens], rtol=1e-6, atol=1e-7)
