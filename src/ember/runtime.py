@@ -1,0 +1,157 @@
+"""Model: a GGUF file's weights (mmapped, zero copy), the forward graph built once, and the KV
+cache of `n_seq` sequence slots. `eval` appends tokens to a sequence and returns logits;
+`decode_batch` advances several sequences by one token in one graph run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ember import _core
+from ember.errors import ContextFullError, EmberError
+from ember.models import architecture
+from ember.models.blocks import Builder
+from ember.sysinfo import physical_cores
+
+DEFAULT_MAX_CTX = 4096
+
+
+class Model:
+    """A loaded model.
+
+    n_ctx: context length per sequence (default: the model's, capped at 4096).
+    n_threads: compute threads (default: physical cores).
+    n_seq: sequence slots sharing the weights (the server's parallel requests).
+    n_batch: tokens per graph run; longer prompts are processed in chunks of this size.
+    n_outputs: most rows of logits one run returns (logits="all" is chunked to fit).
+    """
+
+    def __init__(self, model, n_ctx: int | None = None, n_threads: int | None = None, n_seq: int = 1,
+                 n_batch: int = 512, n_outputs: int | None = None):
+        from ember.gguf import open_gguf
+
+        if isinstance(model, (str, Path)):
+            from ember.hub import resolve_model
+
+            self.gguf = open_gguf(resolve_model(model))
+        else:
+            self.gguf = model
+        arch = architecture(self.gguf.metadata.get("general.architecture"))
+        self.hp = arch.hparams(self.gguf)
+        self.n_vocab = self.hp.n_vocab
+        self.n_ctx_train = self.hp.n_ctx_train
+        self.n_ctx = int(n_ctx or min(self.n_ctx_train, DEFAULT_MAX_CTX))
+        self.n_threads = int(n_threads or physical_cores())
+        self.n_seq = int(n_seq)
+        self.n_batch = int(min(n_batch, self.n_ctx))
+        self.n_outputs = int(n_outputs or max(self.n_seq, 32))
+        for name, value in (("n_ctx", self.n_ctx), ("n_threads", self.n_threads), ("n_seq", self.n_seq),
+                            ("n_batch", self.n_batch), ("n_outputs", self.n_outputs)):
+            if value <= 0:
+                raise EmberError(f"{name} must be positive, got {value}")
+        self.graph = _core.Graph(self.n_threads)
+        builder = Builder(self.graph, self.gguf, self.hp)
+        logits = arch.build(builder)
+        self._keep = builder._keep
+        self.graph.set_output(logits)
+        self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq)
+        self._n_past = [0] * self.n_seq
+
+    # -- sequences ---------------------------------------------------------------------------
+
+    def n_past(self, seq: int = 0) -> int:
+        return self._n_past[seq]
+
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Forget cached positions >= n of a sequence (keep a shared prompt prefix)."""
+        self._n_past[seq] = max(0, min(n, self._n_past[seq]))
+
+    def reset(self, seq: int = 0) -> None:
+        self._n_past[seq] = 0
+
+    def copy_sequence(self, src: int, dst: int) -> None:
+        """Make sequence dst a copy of sequence src (its cached prefix)."""
+        n = self._n_past[src]
+        self.graph.kv_copy(src, dst, n)
+        self._n_past[dst] = n
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], seq: int = 0, logits: str = "last") -> np.ndarray:
+        """Append tokens to sequence `seq` and return float32 logits.
+
+        logits="last": [n_vocab] of the last token; "all": [len(tokens), n_vocab].
+        """
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0:
+            raise EmberError("no tokens to evaluate")
+        if logits not in ("last", "all"):
+            raise ValueError("logits must be 'last' or 'all'")
+        start = self._n_past[seq]
+        if start + tokens.size > self.n_ctx:
+            raise ContextFullError(
+                f"{start + tokens.size} tokens do not fit in the context of {self.n_ctx} tokens"
+                f" ({start} already used); use a larger context (-c/n_ctx, the model was trained"
+                f" with {self.n_ctx_train}) or a shorter prompt")
+        self._check_tokens(tokens)
+        rows = []
+        step = self.n_batch if logits == "last" else min(self.n_batch, self.graph_outputs)
+        for begin in range(0, tokens.size, step):
+            chunk = tokens[begin:begin + step]
+            positions = np.arange(start + begin, start + begin + chunk.size, dtype=np.int32)
+            if logits == "all":
+                out_rows = np.arange(chunk.size, dtype=np.int32)
+            else:
+                out_rows = np.array([chunk.size - 1], dtype=np.int32)
+            out = self._run(chunk, positions, np.full(chunk.size, seq, np.int32), out_rows)
+            self._n_past[seq] = start + begin + chunk.size
+            if logits == "all":
+                rows.append(out)
+            elif begin + step >= tokens.size:
+                rows.append(out[0])
+        return np.concatenate(rows) if logits == "all" else rows[-1]
+
+    def decode_batch(self, items: Sequence[tuple[int, int]]) -> np.ndarray:
+        """One decode step for several sequences: items are (seq, token); returns [len(items), n_vocab]."""
+        if not items:
+            raise EmberError("empty batch")
+        seqs = np.array([s for s, _ in items], dtype=np.int32)
+        if len(set(seqs.tolist())) != len(seqs):
+            raise EmberError("a sequence appears twice in one decode batch")
+        for s in seqs:
+            if self._n_past[s] + 1 > self.n_ctx:
+                raise ContextFullError(f"sequence {s} has filled its context of {self.n_ctx} tokens")
+        tokens = np.array([t for _, t in items], dtype=np.int32)
+        self._check_tokens(tokens)
+        positions = np.array([self._n_past[s] for s in seqs], dtype=np.int32)
+        out = self._run(tokens, positions, seqs, np.arange(len(items), dtype=np.int32))
+        for s in seqs:
+            self._n_past[s] += 1
+        return out
+
+    @property
+    def graph_outputs(self) -> int:
+        return min(self.n_outputs, self.n_batch)
+
+    def _check_tokens(self, tokens: np.ndarray) -> None:
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
+            raise EmberError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+
+    def _run(self, tokens, positions, seq_ids, out_rows) -> np.ndarray:
+        return self.graph.run(tokens, positions, seq_ids, out_rows)
+
+    # -- information -------------------------------------------------------------------------
+
+    def memory(self) -> dict:
+        """Bytes of the weights (mapped from the file), the KV cache and the activation arena."""
+        weights = sum(t.n_bytes for t in self.gguf.tensors.values())
+        return {"weights": weights, "kv_cache": self.graph.kv_size, "arena": self.graph.arena_size,
+                "total": weights + self.graph.kv_size + self.graph.arena_size}
+
+    def close(self) -> None:
+        self.graph = None
+        self.gguf.close()
