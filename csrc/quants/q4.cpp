@@ -4,6 +4,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/simd.h"
+#include "quants/tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -90,11 +91,39 @@ void vec_dot_q4_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+#if defined(__AVX2__)
+struct Q4_0Tile {
+  using BX = block_q4_0;
+  using BY = block_q8_0;
+  static constexpr bool kOffset = false;
+  static __m256i unpack(const BX& b) { return _mm256_sub_epi8(unpack_nibbles_32(b.qs), _mm256_set1_epi8(8)); }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_i8_i8_f32(qx, qy); }
+  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
+  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
+  static float offset(const BX&, const BY&) { return 0.0f; }
+};
+
+struct Q4_1Tile {
+  using BX = block_q4_1;
+  using BY = block_q8_1;
+  static constexpr bool kOffset = true;
+  static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_u8_i8_f32(qx, qy); }
+  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
+  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
+  static float offset(const BX& x, const BY& y) { return fp16_to_fp32(x.m) * fp16_to_fp32(y.s); }
+};
+#endif
+
 }  // namespace
 
 void register_q4(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_0)] = {GGMLType::Q8_0, dequantize_row_q4_0, nullptr, vec_dot_q4_0_q8_0};
   t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, nullptr, vec_dot_q4_1_q8_1};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q4_0)].gemm_tile = gemm_tile<Q4_0Tile>;
+  t.types[static_cast<int>(GGMLType::Q4_1)].gemm_tile = gemm_tile<Q4_1Tile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS

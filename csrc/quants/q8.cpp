@@ -5,6 +5,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/simd.h"
+#include "quants/tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -84,12 +85,28 @@ void vec_dot_q8_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+#if defined(__AVX2__)
+struct Q8_0Tile {
+  using BX = block_q8_0;
+  using BY = block_q8_0;
+  static constexpr bool kOffset = false;
+  static __m256i unpack(const BX& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
+  static __m256 dot(__m256i qx, __m256i qy) { return dot_i8_i8_f32(qx, qy); }
+  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
+  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
+  static float offset(const BX&, const BY&) { return 0.0f; }
+};
+#endif
+
 }  // namespace
 
 void register_q8(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q8_0)] = {GGMLType::Q8_0, dequantize_row_q8_0, quantize_row_q8_0,
                                                vec_dot_q8_0_q8_0};
   t.types[static_cast<int>(GGMLType::Q8_1)] = {GGMLType::Q8_1, dequantize_row_q8_1, quantize_row_q8_1, nullptr};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS
