@@ -61,8 +61,7 @@ bool supports(const std::string& isa, const CpuFeatures& f) {
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2;
   if (isa == "avx512") return f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
-  if (isa == "amx") return supports("avx512", f) && f.amx_tile && f.amx_int8 && f.amx_bf16 && f.amx_granted;
-  return false;
+  return false;  // "amx": no AMX kernels are built yet
 }
 
 KernelTable make_table(void (*fill)(KernelTable&)) {
@@ -75,21 +74,15 @@ const KernelTable& table_for(const std::string& isa) {
   static const KernelTable scalar_table = make_table(scalar::register_kernels);
   static const KernelTable avx2_table = make_table(avx2::register_kernels);
   static const KernelTable avx512_table = make_table(avx512::register_kernels);
-  static const KernelTable amx_table = make_table(amx::register_kernels);
   if (isa == "avx2") return avx2_table;
   if (isa == "avx512") return avx512_table;
-  if (isa == "amx") return amx_table;
   return scalar_table;
 }
 
-// AMX kernels come later; until then the best default stops at AVX-512.
 std::string default_isa() {
   const char* forced = std::getenv("EMBER_ISA");
   if (forced && *forced) return forced;
-  const std::vector<std::string> isas = available_isas();
-  for (auto it = isas.rbegin(); it != isas.rend(); ++it)
-    if (*it != "amx") return *it;
-  return "scalar";
+  return available_isas().back();
 }
 
 const KernelTable* g_active = nullptr;
@@ -111,6 +104,7 @@ std::vector<std::string> available_isas() {
 void set_active_isa(const std::string& isa) {
   if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "amx")
     throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avx512 or amx)");
+  if (isa == "amx") throw std::invalid_argument("ISA 'amx': this build of ember has no AMX kernels yet");
   if (!supports(isa, cpu_features()))
     throw std::invalid_argument("this CPU (or OS) does not support ISA '" + isa + "'");
   g_active = &table_for(isa);

@@ -1,5 +1,5 @@
 // The kernel table: everything that is compiled once per instruction set. Each ISA variant
-// (namespaces ember::scalar, ember::avx2, ember::avx512, ember::amx) fills one table;
+// (namespaces ember::scalar, ember::avx2, ember::avx512) fills one table;
 // cpu_features.cpp chooses which one the graph uses.
 #pragma once
 #include <cstddef>
@@ -67,7 +67,6 @@ struct KernelTable {
 EMBER_DECLARE_ISA(scalar)
 EMBER_DECLARE_ISA(avx2)
 EMBER_DECLARE_ISA(avx512)
-EMBER_DECLARE_ISA(amx)
 #undef EMBER_DECLARE_ISA
 
 }  // namespace ember
