@@ -1,10 +1,81 @@
-// Kernels for Q2_K are not written yet: the type has no entry in the kernel table.
+// Q2_K: 256 weights in 16 sub-blocks of 16, dotted with Q8_K activations.
+// scales[s]: low nibble the scale, high nibble the min of sub-block s; value = d sc q - dmin m.
+// qs holds 2-bit q: the 128 values of half h come from qs[32 h .. 32 h + 31], values
+// 128 h + 32 j + i are bits 2 j .. 2 j + 1 of byte 32 h + i (i < 32, j < 4).
+// Dot: d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s (Q8_K's bsums carry the min term).
+#include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
 
-void register_q2_k(KernelTable&) {}
+namespace {
+
+void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
+  const block_q2_K* x = static_cast<const block_q2_K*>(src);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
+    float* out = dst + b * QK_K;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const float scale = d * (x[b].scales[s] & 0x0F), min = dmin * (x[b].scales[s] >> 4);
+      const uint8_t* qs = x[b].qs + 32 * (s / 8) + 16 * (s % 2);
+      const int shift = 2 * ((s % 8) / 2);
+      for (int i = 0; i < 16; ++i) out[16 * s + i] = scale * ((qs[i] >> shift) & 3) - min;
+    }
+  }
+}
+
+void vec_dot_q2_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q2_K* x = static_cast<const block_q2_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / QK_K;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i low2 = _mm256_set1_epi8(3);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float d = y[b].d * fp16_to_fp32(x[b].d), dmin = y[b].d * fp16_to_fp32(x[b].dmin);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales));
+    const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
+    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 128 * h + 32 * j));
+        sum = madd_acc_i16(sum, _mm256_maddubs_epi16(q, qy), scales_for_32(scales, 4 * h + j));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+  }
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int isum = 0, imin = 0;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const uint8_t* qs = x[b].qs + 32 * (s / 8) + 16 * (s % 2);
+      const int8_t* qy = y[b].qs + 16 * s;
+      const int shift = 2 * ((s % 8) / 2);
+      int dot = 0;
+      for (int i = 0; i < 16; ++i) dot += ((qs[i] >> shift) & 3) * qy[i];
+      isum += (x[b].scales[s] & 0x0F) * dot;
+      imin += (x[b].scales[s] >> 4) * y[b].bsums[s];
+    }
+    sum += y[b].d * (fp16_to_fp32(x[b].d) * isum - fp16_to_fp32(x[b].dmin) * imin);
+  }
+  *out = sum;
+#endif
+}
+
+}  // namespace
+
+void register_q2_k(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q2_K)] = {GGMLType::Q8_K, dequantize_row_q2_k, nullptr, vec_dot_q2_k_q8_k};
+}
 
 }  // namespace EMBER_ISA_NS
 }  // namespace ember

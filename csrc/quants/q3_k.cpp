@@ -1,10 +1,115 @@
-// Kernels for Q3_K are not written yet: the type has no entry in the kernel table.
+// Q3_K: 256 weights in 16 sub-blocks of 16, dotted with Q8_K activations; value = d sc q.
+// q = low - (hbit ? 0 : 4), in -4..3: the 2-bit low part is laid out as in Q2_K (values
+// 128 h + 32 j + i are bits 2 j .. 2 j + 1 of qs[32 h + i]); hbit is bit 4 h + j of hmask[i].
+// The 16 six-bit scales sc (stored with a bias of 32) are packed in 12 bytes: the low nibbles of
+// bytes 0..7 are the low 4 bits of scales 0..7, their high nibbles those of scales 8..15, and
+// bits 2 k .. 2 k + 1 of byte 8 + i the top 2 bits of scale 4 k + i.
+// Dot: with u = q + 4 = low | hbit << 2 (unsigned), sum(q qy) = sum(u qy) - 4 bsums.
+#include <cstring>
+
+#include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
 
-void register_q3_k(KernelTable&) {}
+namespace {
+
+// The 16 six-bit scales of a block (still biased by 32) as 16 bytes, in 4 words. The 12 bytes are
+// read as 3 little-endian words.
+struct PackedScales {
+  uint32_t words[4];
+};
+
+PackedScales unpack_scales(const uint8_t* packed) {
+  uint32_t w[3];
+  std::memcpy(w, packed, sizeof(w));
+  const uint32_t low4 = 0x0F0F0F0F, low2 = 0x03030303;
+  return {{
+      (w[0] & low4) | (((w[2] >> 0) & low2) << 4),
+      (w[1] & low4) | (((w[2] >> 2) & low2) << 4),
+      ((w[0] >> 4) & low4) | (((w[2] >> 4) & low2) << 4),
+      ((w[1] >> 4) & low4) | (((w[2] >> 6) & low2) << 4),
+  }};
+}
+
+// Scale of sub-block s, bias removed (-32..31).
+inline int scale_of(const PackedScales& p, int s) {
+  return static_cast<int>((p.words[s / 4] >> (8 * (s % 4))) & 0xFF) - 32;
+}
+
+// q + 4 of value 16 s + i (0..7).
+inline int biased_q(const block_q3_K& x, int s, int i) {
+  const int h = s / 8, j = (s % 8) / 2, byte = 16 * (s % 2) + i;
+  const int low = (x.qs[32 * h + byte] >> (2 * j)) & 3;
+  const int hbit = (x.hmask[byte] >> (4 * h + j)) & 1;
+  return low | (hbit << 2);
+}
+
+void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
+  const block_q3_K* x = static_cast<const block_q3_K*>(src);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    const PackedScales scales = unpack_scales(x[b].scales);
+    float* out = dst + b * QK_K;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const float scale = d * scale_of(scales, s);
+      for (int i = 0; i < 16; ++i) out[16 * s + i] = scale * (biased_q(x[b], s, i) - 4);
+    }
+  }
+}
+
+void vec_dot_q3_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q3_K* x = static_cast<const block_q3_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / QK_K;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedScales packed = unpack_scales(x[b].scales);
+    const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
+    // Start from -4 sum_s sc_s bsums_s, the correction for the +4 bias of u.
+    __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 2));
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].hmask));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
+        const __m256i high = _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2);
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 128 * h + 32 * j));
+        const __m256i u = _mm256_or_si256(low, high);
+        sum = madd_acc_i16(sum, _mm256_maddubs_epi16(u, qy), scales_for_32(scales, 4 * h + j));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * fp16_to_fp32(x[b].d)), _mm256_cvtepi32_ps(sum), acc);
+  }
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedScales scales = unpack_scales(x[b].scales);
+    int isum = 0;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const int8_t* qy = y[b].qs + 16 * s;
+      int dot = 0;
+      for (int i = 0; i < 16; ++i) dot += (biased_q(x[b], s, i) - 4) * qy[i];
+      isum += scale_of(scales, s) * dot;
+    }
+    sum += y[b].d * fp16_to_fp32(x[b].d) * isum;
+  }
+  *out = sum;
+#endif
+}
+
+}  // namespace
+
+void register_q3_k(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q3_K)] = {GGMLType::Q8_K, dequantize_row_q3_k, nullptr, vec_dot_q3_k_q8_k};
+}
 
 }  // namespace EMBER_ISA_NS
 }  // namespace ember

@@ -38,6 +38,31 @@ inline __m256i dot_i8_i8_i32(__m256i x, __m256i y) {
 }
 inline __m256 dot_i8_i8_f32(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_i8_i8_i32(x, y)); }
 
+// acc + sums of adjacent products of int16 a and b, as 8 int32 lanes (vpdpwssd where available).
+inline __m256i madd_acc_i16(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+// K-quants with 16-value sub-blocks: from their 16 int16 scales, the multiplier for values
+// 32 k .. 32 k + 31 of the block (k < 8): scale 2 k in the low 128 bits, scale 2 k + 1 in the high.
+inline __m256i scales_for_32(__m256i scales16, int k) {
+  const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scales16, _mm256_set1_epi32(k)), pick);
+}
+
+// Each byte of x shifted so that its bit `from` lands at bit `to` (both < 8); the other bits are
+// left for the caller to mask off.
+inline __m256i move_bit(__m256i x, int from, int to) {
+  return from >= to ? _mm256_srli_epi16(x, from - to) : _mm256_slli_epi16(x, to - from);
+}
+
 // 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones.
 inline __m256i unpack_nibbles_32(const uint8_t* qs) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
