@@ -10,8 +10,22 @@
 namespace ember {
 
 namespace {
-// About a millisecond of spinning before a worker goes to sleep.
+// About a millisecond of spinning before an idle worker goes to sleep.
 constexpr int kSpinIterations = 1 << 15;
+// Inside a task, waiters spin this long before yielding their core: on a loaded machine the
+// thread being waited for may need it.
+constexpr int kSpinBeforeYield = 1 << 10;
+
+template <typename Done>
+void wait_until(Done done) {
+  for (int spin = 0; !done(); ++spin) {
+    if (spin < kSpinBeforeYield) {
+      EMBER_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
@@ -44,7 +58,7 @@ void ThreadPool::run(TaskFn fn, void* arg) {
   }
   if (n_sleeping_.load(std::memory_order_acquire) > 0) wake_.notify_all();
   fn(arg, 0, n_threads_);
-  while (n_done_.load(std::memory_order_acquire) < n_threads_ - 1) EMBER_PAUSE();
+  wait_until([&] { return n_done_.load(std::memory_order_acquire) >= n_threads_ - 1; });
 }
 
 void ThreadPool::worker_loop(int ith) {
@@ -77,7 +91,7 @@ void ThreadPool::barrier() {
     barrier_phase_.fetch_add(1, std::memory_order_acq_rel);
     return;
   }
-  while (barrier_phase_.load(std::memory_order_acquire) == phase) EMBER_PAUSE();
+  wait_until([&] { return barrier_phase_.load(std::memory_order_acquire) != phase; });
 }
 
 }  // namespace ember

@@ -155,3 +155,13 @@ class Model:
     def close(self) -> None:
         self.graph = None
         self.gguf.close()
+
+
+def planned_memory(path, n_ctx: int | None = None) -> dict:
+    """What a model would take in memory (bytes), by building its graph: weights mapped from the
+    file, the KV cache for n_ctx tokens and the activation arena."""
+    model = Model(path, n_ctx=n_ctx, n_threads=1)
+    try:
+        return {"n_ctx": model.n_ctx, **model.memory()}
+    finally:
+        model.close()
