@@ -1,0 +1,107 @@
+"""`ember perplexity`: llama.cpp's perplexity method.
+
+The text is tokenized once (with BOS when the model adds one) and cut into non-overlapping
+chunks of n_ctx tokens; each chunk is evaluated from an empty cache, its first token replaced
+by BOS when the model uses one, and only the second half of each chunk is scored (the first
+half gives every scored token at least n_ctx/2 tokens of context). PPL = exp(mean NLL); the
+error is exp(mean) * sqrt(var(NLL) / (N - 1)), as llama.cpp reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ember.errors import EmberError
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    ppl_error: float
+    n_chunks: int
+    n_ctx: int
+    n_scored: int
+    chunk_ppl: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(logits)[target] per row, in float64."""
+    x = logits.astype(np.float64)
+    x_max = x.max(axis=1, keepdims=True)
+    log_z = np.log(np.exp(x - x_max).sum(axis=1)) + x_max[:, 0]
+    return log_z - x[np.arange(len(targets)), targets]
+
+
+def perplexity(model, tokens: list[int], n_ctx: int, bos_id: int | None, max_chunks: int | None = None,
+               progress=None) -> PerplexityResult:
+    n_chunks = len(tokens) // n_ctx
+    if max_chunks:
+        n_chunks = min(n_chunks, max_chunks)
+    if n_chunks < 1:
+        raise EmberError(f"the text has {len(tokens)} tokens; perplexity needs at least n_ctx = {n_ctx}"
+                         " (use a longer file or a smaller -c)")
+    first = n_ctx // 2
+    nll_sum = nll2_sum = 0.0
+    count = 0
+    chunk_ppl = []
+    start = time.perf_counter()
+    for i in range(n_chunks):
+        chunk = list(tokens[i * n_ctx:(i + 1) * n_ctx])
+        if bos_id is not None:
+            chunk[0] = bos_id
+        model.reset()
+        logits = model.eval(chunk, logits="all")
+        nll = token_nll(logits[first:n_ctx - 1], np.asarray(chunk[first + 1:n_ctx]))
+        nll_sum += float(nll.sum())
+        nll2_sum += float((nll ** 2).sum())
+        count += len(nll)
+        chunk_ppl.append(math.exp(nll_sum / count))
+        if progress:
+            progress(i + 1, n_chunks, chunk_ppl[-1], time.perf_counter() - start)
+    mean = nll_sum / count
+    var = nll2_sum / count - mean * mean
+    error = math.sqrt(max(var, 0.0) / max(count - 1, 1)) * math.exp(mean)
+    return PerplexityResult(math.exp(mean), error, n_chunks, n_ctx, count, chunk_ppl, time.perf_counter() - start)
+
+
+def _progress_bar(done: int, total: int, ppl: float, seconds: float) -> None:
+    width = 30
+    filled = width * done // total
+    eta = seconds / done * (total - done)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks  PPL {ppl:.4f}  ETA {eta:.0f}s",
+          end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def cli_perplexity(args) -> int:
+    from ember.gguf import open_gguf
+    from ember.hub import resolve_model
+    from ember.runtime import Model
+    from ember.tokenizer import Tokenizer
+
+    try:
+        with open(args.file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise EmberError(f"cannot read {args.file}: {exc.strerror}") from None
+    gguf = open_gguf(resolve_model(args.model))
+    tokenizer = Tokenizer.from_gguf(gguf)
+    tokens = tokenizer.encode(text, add_special=True)
+    n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
+    model = Model(gguf, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=args.ctx_size)
+    add_bos = gguf.metadata.get("tokenizer.ggml.add_bos_token", tokenizer.bos_id is not None)
+    bos = tokenizer.bos_id if add_bos else None
+    print(f"perplexity: {len(tokens)} tokens, {len(tokens) // args.ctx_size} chunks of {args.ctx_size}",
+          file=sys.stderr)
+    result = perplexity(model, tokens, args.ctx_size, bos, args.chunks, None if args.json else _progress_bar)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_error:.5f}")
+    return 0
