@@ -61,39 +61,37 @@ class PyGraph {
     return id;
   }
   int32_t matmul(int32_t w, int32_t x) {
-    const Tensor &tw = graph_.tensor(w), &tx = graph_.tensor(x);
+    const Tensor &tw = graph_.tensor(w), &tx = f32_operand(x);
     if (!tw.is_weight) throw std::invalid_argument("matmul: first operand must be a weight");
     if (tw.ne0 != tx.ne0) throw std::invalid_argument("matmul: inner dimensions differ");
     return graph_.add_node(Op::MatMul, tw.ne1, tx.ne1, {w, x});
   }
   int32_t binary(Op op, int32_t a, int32_t b) {
-    const Tensor &ta = graph_.tensor(a), &tb = graph_.tensor(b);
+    const Tensor &ta = f32_operand(a), &tb = f32_operand(b);
     if (ta.ne0 != tb.ne0) throw std::invalid_argument("element-wise op: column counts differ");
-    check_f32(tb);
     if (tb.ne1 != 1 && tb.ne1 != ta.ne1) throw std::invalid_argument("element-wise op: row counts differ");
     return graph_.add_node(op, ta.ne0, ta.ne1, {a, b});
   }
   int32_t unary(Op op, int32_t a, float f0) {
-    const Tensor& t = graph_.tensor(a);
-    check_f32(t);
+    const Tensor& t = f32_operand(a);
     return graph_.add_node(op, t.ne0, t.ne1, {a}, {f0});
   }
   int32_t rms_norm(int32_t x, int32_t w, float eps, int32_t group) {
-    const Tensor& t = graph_.tensor(x);
+    const Tensor& t = f32_operand(x);
     const int64_t width = group > 0 ? group : t.ne0;
     if (t.ne0 % width != 0) throw std::invalid_argument("rms_norm: group does not divide the row");
     check_vector(w, width);
     return graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, {eps}, {group});
   }
   int32_t layer_norm(int32_t x, int32_t w, int32_t b, float eps) {
-    const Tensor& t = graph_.tensor(x);
+    const Tensor& t = f32_operand(x);
     check_vector(w, t.ne0);
     check_vector(b, t.ne0);
     return graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, {eps});
   }
   int32_t rope(int32_t x, int32_t head_dim, int32_t n_rot, bool neox, float base, float freq_scale,
                int32_t factors) {
-    const Tensor& t = graph_.tensor(x);
+    const Tensor& t = token_rows(x);
     if (head_dim <= 0 || t.ne0 % head_dim != 0) throw std::invalid_argument("rope: head_dim does not divide the row");
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 || n_rot / 2 > 512) throw std::invalid_argument("rope: bad n_rot");
     check_vector(factors, n_rot / 2);
@@ -101,7 +99,7 @@ class PyGraph {
   }
   int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
                     float scale, int32_t window, float softcap) {
-    const Tensor &tq = graph_.tensor(q), &tk = graph_.tensor(k), &tv = graph_.tensor(v);
+    const Tensor &tq = token_rows(q), &tk = token_rows(k), &tv = token_rows(v);
     if (n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head)
       throw std::invalid_argument("attention: bad head counts");
     if (tq.ne0 != int64_t(n_head) * head_dim || tk.ne0 != int64_t(n_kv_head) * head_dim || tv.ne0 != tk.ne0)
@@ -110,7 +108,7 @@ class PyGraph {
                            {n_head, n_kv_head, head_dim, window});
   }
   int32_t select_outputs(int32_t x) {
-    const Tensor& t = graph_.tensor(x);
+    const Tensor& t = token_rows(x);
     return graph_.add_node(Op::SelectRows, t.ne0, kRowsOutputs, {x});
   }
   int32_t view(int32_t x, int64_t col_offset, int64_t n_cols) { return graph_.add_view(x, col_offset, n_cols); }
@@ -161,6 +159,21 @@ class PyGraph {
   }
 
   void kv_copy(int64_t src, int64_t dst, int64_t n) { graph_.kv_copy(src, dst, n); }
+  void set_profiling(bool on) { graph_.set_profiling(on); }
+  // [(op name, weight type name or "", total ns)] per node, in execution order.
+  nb::list profile() const {
+    static const char* names[] = {"input", "get_rows", "matmul", "add", "mul", "scale", "rms_norm", "layer_norm",
+                                  "rope", "silu", "gelu", "swiglu", "geglu", "attention", "select_rows", "softcap"};
+    nb::list out;
+    const auto& times = graph_.node_times();
+    for (size_t i = 0; i < graph_.nodes().size() && i < times.size(); ++i) {
+      const Node& n = graph_.nodes()[i];
+      std::string type;
+      if (n.op == Op::MatMul || n.op == Op::GetRows) type = type_traits(graph_.tensor(n.src[0]).type).name;
+      out.append(nb::make_tuple(names[static_cast<int>(n.op)], type, times[i]));
+    }
+    return out;
+  }
   size_t arena_size() const { return graph_.arena_size(); }
   size_t kv_size() const { return graph_.kv_size(); }
   int n_threads() const { return graph_.n_threads(); }
@@ -172,8 +185,18 @@ class PyGraph {
     int64_t rows;
   };
 
-  void check_f32(const Tensor& t) const {
-    if (t.type != GGMLType::F32) throw std::invalid_argument("element-wise operands must be F32");
+  // Activation operands are F32 (an F32 weight may be one; a quantized weight may not).
+  const Tensor& f32_operand(int32_t id) const {
+    const Tensor& t = graph_.tensor(id);
+    if (t.type != GGMLType::F32) throw std::invalid_argument("activation operands must be F32");
+    return t;
+  }
+  // Ops that read the batch's positions or sequence ids row by row need the batch's token rows.
+  const Tensor& token_rows(int32_t id) const {
+    const Tensor& t = f32_operand(id);
+    if (t.ne1 != kRowsTokens)
+      throw std::invalid_argument("expected the batch's token rows (not output rows or a weight)");
+    return t;
   }
   void check_vector(int32_t w, int64_t width) const {
     if (w < 0) return;
@@ -302,6 +325,8 @@ NB_MODULE(_core, m) {
       .def("run", &PyGraph::run, "tokens"_a, "positions"_a, "seq_ids"_a, "output_rows"_a,
            "inputs"_a = std::vector<F32Array>())
       .def("kv_copy", &PyGraph::kv_copy, "src"_a, "dst"_a, "n"_a)
+      .def("set_profiling", &PyGraph::set_profiling, "on"_a)
+      .def("profile", &PyGraph::profile)
       .def_prop_ro("arena_size", &PyGraph::arena_size)
       .def_prop_ro("kv_size", &PyGraph::kv_size)
       .def_prop_ro("n_threads", &PyGraph::n_threads)

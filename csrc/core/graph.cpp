@@ -1,6 +1,7 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -100,19 +101,20 @@ int32_t Graph::add_view(int32_t src, int64_t col_offset, int64_t n_cols) {
   return static_cast<int32_t>(tensors_.size() - 1);
 }
 
-size_t Graph::max_bytes(const Tensor& t) const {
-  int64_t rows = t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1;
-  return static_cast<size_t>(rows) * t.row_stride;
+int64_t Graph::max_rows(const Tensor& t) const {
+  return t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1;
 }
 
+size_t Graph::max_bytes(const Tensor& t) const { return static_cast<size_t>(max_rows(t)) * t.row_stride; }
+
 size_t Graph::node_work_size(const Node& n) const {
-  int64_t rows_max = max_tokens_;
   switch (n.op) {
     case Op::MatMul: {
-      const Tensor& w = tensors_[n.src[0]];
+      // The activations, converted to the weight's vec_dot_type: one row per row of x.
+      const Tensor &w = tensors_[n.src[0]], &x = tensors_[n.src[1]];
       GGMLType vdt = kernels_->of(w.type).vec_dot_type;
       if (vdt == GGMLType::F32) return 0;
-      return static_cast<size_t>(rows_max) * align_up(row_bytes(vdt, w.ne0));
+      return static_cast<size_t>(max_rows(x)) * align_up(row_bytes(vdt, w.ne0));
     }
     case Op::Attention:
       // Per thread: scores over the context, and one output row accumulator.
@@ -205,12 +207,25 @@ const uint8_t* Graph::weight_or_data(const Tensor& t, uint8_t* arena) const {
   return t.is_weight ? static_cast<const uint8_t*>(t.weight_data) : data(t, arena);
 }
 
+void Graph::set_profiling(bool on) {
+  profiling_ = on;
+  node_ns_.assign(nodes_.size(), 0);
+}
+
 void Graph::run_task(void* arg, int ith, int nth) {
   Graph* g = static_cast<Graph*>(arg);
   ExecContext& ctx = g->ctx_;
-  for (const Node& n : g->nodes_) {
+  const bool timing = g->profiling_ && ith == 0;
+  auto last = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < g->nodes_.size(); ++i) {
+    const Node& n = g->nodes_[i];
     g->kernels_->ops[static_cast<int>(n.op)](n, ctx, ith, nth);
     ctx.barrier();
+    if (timing) {
+      const auto now = std::chrono::steady_clock::now();
+      g->node_ns_[i] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last).count();
+      last = now;
+    }
   }
 }
 

@@ -107,9 +107,14 @@ class Graph {
   // Copies cached positions [0, n) of sequence src to sequence dst in every layer.
   void kv_copy(int64_t src, int64_t dst, int64_t n);
   const KernelTable* kernels() const { return kernels_; }
+  // Per-node wall time (ns, summed over runs) when profiling is on; measured by thread 0.
+  void set_profiling(bool on);
+  const std::vector<uint64_t>& node_times() const { return node_ns_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
   void set_kernels(const KernelTable* k) { kernels_ = k; }
 
  private:
+  int64_t max_rows(const Tensor& t) const;
   size_t max_bytes(const Tensor& t) const;
   size_t node_work_size(const Node& n) const;
   static void run_task(void* arg, int ith, int nth);
@@ -117,6 +122,8 @@ class Graph {
   std::vector<Tensor> tensors_;
   std::vector<Node> nodes_;
   std::vector<KVCache> kv_;
+  std::vector<uint64_t> node_ns_;
+  bool profiling_ = false;
   int32_t output_ = -1;
   int64_t n_inputs_ = 0;
   int64_t max_tokens_ = 0, max_outputs_ = 0, n_ctx_ = 0, n_seq_ = 0;
