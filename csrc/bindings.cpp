@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -41,7 +42,7 @@ const TypeKernels& kernels_for(const KernelTable& table, GGMLType type) {
 // A Graph plus the Python objects whose memory its weights point into.
 class PyGraph {
  public:
-  explicit PyGraph(int n_threads) : graph_(n_threads) { graph_.set_kernels(&active_kernels()); }
+  explicit PyGraph(int n_threads) : graph_(checked_threads(n_threads)) { graph_.set_kernels(&active_kernels()); }
 
   int32_t weight(int32_t type_id, int64_t ne0, int64_t ne1, nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> data) {
     GGMLType type = checked_type(type_id);
@@ -56,8 +57,9 @@ class PyGraph {
   int32_t get_rows(int32_t w, bool by_position) {
     const Tensor& t = graph_.tensor(w);
     if (!t.is_weight) throw std::invalid_argument("get_rows reads a weight");
+    const int64_t n_rows = t.ne1;  // read before add_node, which may move the tensor list
     int32_t id = graph_.add_node(Op::GetRows, t.ne0, kRowsTokens, {w}, {}, {by_position ? 1 : 0});
-    get_rows_limits_.push_back({by_position, t.ne1});
+    get_rows_limits_.push_back({by_position, n_rows});
     return id;
   }
   int32_t matmul(int32_t w, int32_t x) {
@@ -144,8 +146,10 @@ class PyGraph {
     const int64_t n_out = static_cast<int64_t>(output_rows.shape(0));
     const int64_t cols = graph_.output_cols();
     const float* result;
+    std::unique_lock<std::mutex> lock;
     {
       nb::gil_scoped_release release;
+      lock = std::unique_lock<std::mutex>(run_mutex_);  // one run at a time per graph
       result = graph_.run(n, tokens.data(), positions.data(), seq_ids.data(), n_out, output_rows.data(),
                           ptrs.data(), static_cast<int64_t>(ptrs.size()));
     }
@@ -158,7 +162,10 @@ class PyGraph {
     return nb::ndarray<nb::numpy, float, nb::ndim<2>>(copy, {static_cast<size_t>(rows), static_cast<size_t>(cols)}, owner);
   }
 
-  void kv_copy(int64_t src, int64_t dst, int64_t n) { graph_.kv_copy(src, dst, n); }
+  void kv_copy(int64_t src, int64_t dst, int64_t n) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    graph_.kv_copy(src, dst, n);
+  }
   void set_profiling(bool on) { graph_.set_profiling(on); }
   // [(op name, weight type name or "", total ns)] per node, in execution order.
   nb::list profile() const {
@@ -211,7 +218,13 @@ class PyGraph {
     throw std::invalid_argument("no such input");
   }
 
+  static int checked_threads(int n) {
+    if (n < 1 || n > 1024) throw std::invalid_argument("n_threads must be between 1 and 1024");
+    return n;
+  }
+
   Graph graph_;
+  std::mutex run_mutex_;
   std::vector<nb::object> owners_;
   std::vector<RowLimit> get_rows_limits_;
 };

@@ -111,7 +111,13 @@ void set_active_isa(const std::string& isa) {
 }
 
 const KernelTable& active_kernels() {
-  if (!g_active) set_active_isa(default_isa());
+  if (!g_active) {
+    try {
+      set_active_isa(default_isa());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("EMBER_ISA: ") + e.what());
+    }
+  }
   return *g_active;
 }
 

@@ -1,0 +1,635 @@
+"""Every graph op against a numpy reference, on every ISA this CPU runs (the `isa` fixture).
+
+Activations are F32 and the references compute in float64. Tolerances, per kind of op:
+- add, mul, scale, get_rows, select_outputs, views: exact (one float32 rounding, as numpy's);
+- SiLU, GELU, SwiGLU, GeGLU, soft-capping: rtol 1e-6 plus a small atol, because the core's
+  exp/tanh are polynomials (relative error < 2e-7) and tanh(x) = 1 - 2 / (exp(2x) + 1) loses
+  about 1e-7 absolute near 0;
+- RMSNorm, LayerNorm: rtol 2e-6 (the sum runs in double, then a few float32 roundings);
+- RoPE: atol 4e-7 x position x max|x|, because theta is computed in float32 (as in llama.cpp);
+- attention: rtol 1e-5, atol 3e-6 x max|V| (float32 dot products and exp), after rounding K and V to float16
+  exactly as the F16 KV cache stores them.
+Shapes are odd on purpose: 1 token (decode) and 33 tokens, rows of 67 columns (a SIMD tail).
+Matmul and get_rows by token, for every weight type, are covered in test_kernels.py.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from ember import _core
+from ember.quants import GGMLType, dequantize, quantize
+
+F32 = int(GGMLType.F32)
+ISAS = _core.available_isas()
+TOKEN_COUNTS = [1, 33]
+WIDTH = 67
+# Values where the approximations saturate, underflow or lose precision.
+SPECIAL_VALUES = [-100.0, -20.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 20.0, 100.0]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    previous = _core.isa()
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(previous)
+
+
+def activations(n_tokens, width=WIDTH, seed=0, scale=3.0, special=True):
+    """Random rows, the first of them starting with SPECIAL_VALUES (unless special=False)."""
+    x = (np.random.default_rng(seed).standard_normal((n_tokens, width)) * scale).astype(np.float32)
+    if special:
+        x.reshape(-1)[:len(SPECIAL_VALUES)] = SPECIAL_VALUES
+    return x
+
+
+def vector(g, values):
+    """An F32 weight vector (norm weight, bias, RoPE factors)."""
+    return g.weight(F32, len(values), 1, np.ascontiguousarray(values, dtype=np.float32))
+
+
+def run_graph(build, inputs, positions=None, output_rows=None, n_threads=2):
+    """Builds a graph over F32 inputs [n_tokens, cols] with build(g, *input_ids) -> output id,
+    runs one batch of n_tokens tokens and returns the output rows."""
+    n_tokens = inputs[0].shape[0]
+    positions = np.arange(n_tokens) if positions is None else np.asarray(positions)
+    output_rows = np.arange(n_tokens) if output_rows is None else np.asarray(output_rows)
+    g = _core.Graph(n_threads)
+    ids = [g.input(x.shape[1]) for x in inputs]
+    g.set_output(build(g, *ids))
+    g.plan(n_tokens, len(output_rows), int(positions.max()) + 1)
+    return g.run(np.zeros(n_tokens, np.int32), positions.astype(np.int32), np.zeros(n_tokens, np.int32),
+                 output_rows.astype(np.int32), [np.ascontiguousarray(x, np.float32) for x in inputs])
+
+
+# -- element-wise ----------------------------------------------------------------------------
+
+def silu_reference(x):
+    x = x.astype(np.float64)
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh_reference(x):
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_erf_reference(x):
+    erf = np.vectorize(math.erf)
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_add_is_exact(isa, n_tokens):
+    a, b = activations(n_tokens, seed=1), activations(n_tokens, seed=2)
+    np.testing.assert_array_equal(run_graph(lambda g, x, y: g.add(x, y), [a, b]), a + b)
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_mul_is_exact(isa, n_tokens):
+    a, b = activations(n_tokens, seed=1), activations(n_tokens, seed=2)
+    np.testing.assert_array_equal(run_graph(lambda g, x, y: g.mul(x, y), [a, b]), a * b)
+
+
+def test_add_and_mul_broadcast_a_vector_over_rows(isa):
+    x = activations(33)
+    bias, gain = activations(1, seed=3)[0], activations(1, seed=4)[0]
+    out = run_graph(lambda g, x: g.mul(g.add(x, vector(g, bias)), vector(g, gain)), [x])
+    np.testing.assert_array_equal(out, (x + bias) * gain)
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_scale_is_exact(isa, n_tokens):
+    x = activations(n_tokens)
+    np.testing.assert_array_equal(run_graph(lambda g, x: g.scale(x, 0.37), [x]), x * np.float32(0.37))
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_silu(isa, n_tokens):
+    x = activations(n_tokens)
+    np.testing.assert_allclose(run_graph(lambda g, x: g.silu(x), [x]), silu_reference(x), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_gelu_is_the_tanh_form(isa, n_tokens):
+    x = activations(n_tokens)
+    out = run_graph(lambda g, x: g.gelu(x), [x])
+    np.testing.assert_allclose(out, gelu_tanh_reference(x), rtol=1e-6, atol=1e-6)
+    if n_tokens > 1:  # the erf form differs by up to ~5e-4: the test tells them apart
+        assert np.abs(out - gelu_erf_reference(x)).max() > 1e-4
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_swiglu_is_silu_of_gate_times_up(isa, n_tokens):
+    gate, up = activations(n_tokens, seed=1), activations(n_tokens, seed=2)
+    out = run_graph(lambda g, a, b: g.swiglu(a, b), [gate, up])
+    np.testing.assert_allclose(out, silu_reference(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_geglu_is_gelu_of_gate_times_up(isa, n_tokens):
+    gate, up = activations(n_tokens, seed=1), activations(n_tokens, seed=2)
+    out = run_graph(lambda g, a, b: g.geglu(a, b), [gate, up])
+    np.testing.assert_allclose(out, gelu_tanh_reference(gate) * up, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("cap", [5.0, 30.0])
+def test_softcap_is_cap_times_tanh_of_x_over_cap(isa, cap):
+    x = activations(33, scale=20.0)
+    out = run_graph(lambda g, x: g.softcap(x, cap), [x])
+    np.testing.assert_allclose(out, cap * np.tanh(x.astype(np.float64) / cap), rtol=1e-6, atol=2e-7 * cap)
+    assert np.abs(out).max() <= cap
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, float("nan")])
+def test_softcap_must_be_positive(cap):
+    g = _core.Graph(1)
+    with pytest.raises(ValueError, match="softcap"):
+        g.softcap(g.input(8), cap)
+
+
+# -- norms -----------------------------------------------------------------------------------
+
+def rms_norm_reference(x, weight=None, eps=1e-6, group=None):
+    x64 = x.astype(np.float64)
+    rows = x64.reshape(x.shape[0], -1, group or x.shape[1])
+    y = rows / np.sqrt((rows ** 2).mean(axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * weight
+    return y.reshape(x.shape)
+
+
+def layer_norm_reference(x, weight=None, bias=None, eps=1e-5):
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=1, keepdims=True)
+    y = centered / np.sqrt((centered ** 2).mean(axis=1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_rms_norm(isa, n_tokens, with_weight):
+    x = activations(n_tokens)
+    w = activations(1, seed=5)[0] if with_weight else None
+    out = run_graph(lambda g, x: g.rms_norm(x, vector(g, w) if with_weight else -1, 1e-6), [x])
+    np.testing.assert_allclose(out, rms_norm_reference(x, w, 1e-6), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_rms_norm_per_head_group(isa, with_weight):
+    """QK-norm: each head of head_dim columns is normalized alone, with a weight of head_dim."""
+    n_heads, head_dim = 3, 20
+    x = activations(33, n_heads * head_dim)
+    x[:, head_dim:2 * head_dim] *= 50  # heads of very different scales
+    w = activations(1, head_dim, seed=6)[0] if with_weight else None
+    out = run_graph(lambda g, x: g.rms_norm(x, vector(g, w) if with_weight else -1, 1e-6, head_dim), [x])
+    np.testing.assert_allclose(out, rms_norm_reference(x, w, 1e-6, head_dim), rtol=2e-6, atol=1e-30)
+
+
+def test_rms_norm_eps_dominates_tiny_rows(isa):
+    x = activations(4, scale=1e-4, special=False)
+    out = run_graph(lambda g, x: g.rms_norm(x, -1, 1e-5), [x])
+    np.testing.assert_allclose(out, rms_norm_reference(x, None, 1e-5), rtol=2e-6, atol=1e-30)
+    assert np.abs(out).max() < 0.1  # without eps the rows would have unit RMS
+
+
+def test_rms_norm_of_a_zero_row_is_zero(isa):
+    x = np.zeros((2, WIDTH), np.float32)
+    np.testing.assert_array_equal(run_graph(lambda g, x: g.rms_norm(x), [x]), x)
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+@pytest.mark.parametrize("affine", ["none", "weight", "weight+bias"])
+def test_layer_norm(isa, n_tokens, affine):
+    x = activations(n_tokens)
+    w = activations(1, seed=5)[0] if affine != "none" else None
+    b = activations(1, seed=6)[0] if affine == "weight+bias" else None
+
+    def build(g, x):
+        return g.layer_norm(x, vector(g, w) if w is not None else -1, vector(g, b) if b is not None else -1, 1e-5)
+
+    np.testing.assert_allclose(run_graph(build, [x]), layer_norm_reference(x, w, b, 1e-5), rtol=2e-6, atol=2e-6)
+
+
+def test_layer_norm_of_rows_with_a_large_mean(isa):
+    # The mean is stored in float32: half an ulp of 100 (4e-6) shifts every output a little.
+    x = activations(33, scale=1.0, special=False) + np.float32(100.0)
+    out = run_graph(lambda g, x: g.layer_norm(x), [x])
+    np.testing.assert_allclose(out, layer_norm_reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_of_a_constant_row_is_the_bias(isa):
+    x = np.full((3, WIDTH), 7.5, np.float32)
+    b = activations(1, seed=6)[0]
+    out = run_graph(lambda g, x: g.layer_norm(x, vector(g, np.ones(WIDTH)), vector(g, b)), [x])
+    np.testing.assert_array_equal(out, np.tile(b, (3, 1)))
+
+
+# -- RoPE ------------------------------------------------------------------------------------
+
+def rope_reference(x, positions, head_dim, n_rot, neox, base, freq_scale=1.0, factors=None):
+    """theta_i = pos * freq_scale * base^(-2i / n_rot) / factors_i; NeoX rotates (i, i + n_rot/2),
+    the normal layout (2i, 2i + 1); columns past n_rot pass through."""
+    half = n_rot // 2
+    inv_freq = base ** (-2.0 * np.arange(half) / n_rot)
+    if factors is not None:
+        inv_freq = inv_freq / factors
+    theta = np.asarray(positions, np.float64)[:, None, None] * freq_scale * inv_freq  # [tokens, 1, half]
+    first = np.arange(half) if neox else 2 * np.arange(half)
+    second = first + half if neox else first + 1
+    heads = x.astype(np.float64).reshape(x.shape[0], -1, head_dim)
+    out = heads.copy()
+    x0, x1 = heads[..., first], heads[..., second]
+    out[..., first] = x0 * np.cos(theta) - x1 * np.sin(theta)
+    out[..., second] = x0 * np.sin(theta) + x1 * np.cos(theta)
+    return out.reshape(x.shape)
+
+
+def rope_tolerance(positions, x):
+    return 4e-7 * max(1, int(np.max(positions))) * float(np.abs(x).max())
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("n_rot", [40, 24], ids=["full", "partial"])
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+def test_rope(isa, neox, n_rot, n_tokens):
+    head_dim, n_heads = 40, 3
+    x = activations(n_tokens, n_heads * head_dim, scale=1.0, special=False)
+    positions = 5 + 3 * np.arange(n_tokens)
+    out = run_graph(lambda g, x: g.rope(x, head_dim, n_rot, neox, 10000.0), [x], positions)
+    expected = rope_reference(x, positions, head_dim, n_rot, neox, 10000.0)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=rope_tolerance(positions, x))
+    heads = out.reshape(n_tokens, n_heads, head_dim)
+    np.testing.assert_array_equal(heads[..., n_rot:], x.reshape(n_tokens, n_heads, head_dim)[..., n_rot:])
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_rope_frequency_base_and_linear_scaling(isa, neox):
+    head_dim = 64
+    x = activations(33, 2 * head_dim, scale=1.0, special=False)
+    positions = np.arange(100, 133)
+    out = run_graph(lambda g, x: g.rope(x, head_dim, head_dim, neox, 1e6, 0.25), [x], positions)
+    expected = rope_reference(x, positions, head_dim, head_dim, neox, 1e6, 0.25)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=rope_tolerance(positions, x))
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_rope_frequency_factors_divide_theta(isa, neox):
+    head_dim, n_rot = 32, 32
+    x = activations(33, head_dim, scale=1.0, special=False)
+    factors = np.random.default_rng(7).uniform(1.0, 8.0, n_rot // 2).astype(np.float32)
+    positions = np.arange(33)
+    out = run_graph(lambda g, x: g.rope(x, head_dim, n_rot, neox, 500000.0, 1.0, vector(g, factors)), [x], positions)
+    expected = rope_reference(x, positions, head_dim, n_rot, neox, 500000.0, 1.0, factors.astype(np.float64))
+    np.testing.assert_allclose(out, expected, rtol=0, atol=rope_tolerance(positions, x))
+
+
+def test_rope_at_position_zero_is_the_identity(isa):
+    x = activations(1, 64)
+    out = run_graph(lambda g, x: g.rope(x, 64, 64, False, 10000.0), [x], [0])
+    np.testing.assert_array_equal(out, x)
+
+
+def test_rope_uses_each_tokens_own_position(isa):
+    """Positions are a run-time input, in any order (several sequences share a batch)."""
+    x = np.tile(activations(1, 32, scale=1.0, special=False), (4, 1))
+    positions = np.array([9, 0, 31, 9])
+    out = run_graph(lambda g, x: g.rope(x, 32, 32, True, 10000.0), [x], positions)
+    np.testing.assert_allclose(out, rope_reference(x, positions, 32, 32, True, 10000.0), rtol=0,
+                               atol=rope_tolerance(positions, x))
+    np.testing.assert_array_equal(out[0], out[3])
+
+
+@pytest.mark.parametrize("head_dim, n_rot", [(0, 0), (30, 30), (32, 0), (32, 34), (32, 15)])
+def test_rope_rejects_bad_dimensions(head_dim, n_rot):
+    g = _core.Graph(1)
+    with pytest.raises(ValueError, match="rope"):
+        g.rope(g.input(64), head_dim, n_rot, False, 10000.0)
+
+
+# -- rows: embeddings by position, output selection, views -------------------------------------
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_get_rows_by_position_reads_the_position_embedding(isa, t):
+    """GPT-2's learned position embeddings: row positions[r] of the table."""
+    n_cols, n_positions = 64, 40
+    table = np.random.default_rng(8).standard_normal((n_positions, n_cols)).astype(np.float32)
+    raw = quantize(table, t)
+    g = _core.Graph(2)
+    g.set_output(g.get_rows(g.weight(int(t), n_cols, n_positions, raw.reshape(-1)), by_position=True))
+    g.plan(8, 8, 64)
+    positions = np.array([39, 0, 7, 7, 20], np.int32)
+    tokens = np.zeros(5, np.int32)
+    out = g.run(tokens, positions, np.zeros(5, np.int32), np.arange(5, dtype=np.int32))
+    np.testing.assert_array_equal(out, dequantize(raw.reshape(-1), t, (n_cols, n_positions))[positions])
+
+
+def test_select_outputs_gathers_the_requested_rows_in_order(isa):
+    x = activations(33)
+    rows = np.array([32, 0, 5, 5])
+    out = run_graph(lambda g, x: g.select_outputs(x), [x], output_rows=rows)
+    np.testing.assert_array_equal(out, x[rows])
+
+
+def test_matmul_after_select_outputs_computes_only_those_rows(isa):
+    n_in, n_out = 64, 37
+    w = np.random.default_rng(9).standard_normal((n_out, n_in)).astype(np.float32)
+    x = activations(33, n_in, scale=1.0, special=False)
+    rows = np.array([32])
+    out = run_graph(lambda g, x: g.matmul(g.weight(F32, n_in, n_out, w), g.select_outputs(x)), [x], output_rows=rows)
+    np.testing.assert_allclose(out, x[rows].astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_view_selects_columns_without_a_copy_op(isa):
+    x = activations(33, 3 * 20)
+    out = run_graph(lambda g, x: g.view(x, 20, 20), [x])
+    np.testing.assert_array_equal(out, x[:, 20:40])
+
+
+def test_view_of_a_view_adds_the_offsets(isa):
+    x = activations(33, 60)
+    out = run_graph(lambda g, x: g.view(g.view(x, 10, 40), 15, 7), [x])
+    np.testing.assert_array_equal(out, x[:, 25:32])
+
+
+def test_ops_read_strided_views(isa):
+    """Ops read a view's rows with the stride of the tensor it belongs to (fused QKV layout)."""
+    x = activations(33, 3 * 32)
+    w = activations(1, 32, seed=4)[0]
+
+    def build(g, x):
+        a, b, c = g.view(x, 0, 32), g.view(x, 32, 32), g.view(x, 64, 32)
+        return g.add(g.mul(a, b), g.rms_norm(c, vector(g, w)))
+
+    expected = x[:, :32] * x[:, 32:64] + rms_norm_reference(x[:, 64:], w)
+    np.testing.assert_allclose(run_graph(build, [x]), expected, rtol=2e-6, atol=1e-6)
+
+
+def test_matmul_reads_a_strided_view(isa):
+    n_in, n_out = 48, 19
+    w = np.random.default_rng(10).standard_normal((n_out, n_in)).astype(np.float32)
+    x = activations(33, 2 * n_in, scale=1.0, special=False)
+    out = run_graph(lambda g, x: g.matmul(g.weight(F32, n_in, n_out, w), g.view(x, n_in, n_in)), [x])
+    expected = x[:, n_in:].astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset, n_cols", [(-1, 4), (0, 0), (60, 5), (0, 65)])
+def test_view_out_of_range_is_rejected(offset, n_cols):
+    g = _core.Graph(1)
+    with pytest.raises(ValueError, match="view"):
+        g.view(g.input(64), offset, n_cols)
+
+
+def test_view_of_a_weight_is_rejected():
+    g = _core.Graph(1)
+    with pytest.raises(ValueError, match="view"):
+        g.view(vector(g, np.zeros(8)), 0, 4)
+
+
+# -- attention over the F16 KV cache -------------------------------------------------------------
+
+class ReferenceAttention:
+    """numpy model of the core's attention layer: an F16 KV cache of n_seq sequences x n_ctx
+    positions. A batch first writes its K/V rows at (seq, position), then every (token, head)
+    attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window);
+    query head h reads KV head h // (n_head / n_kv_head)."""
+
+    def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
+                 round_to_f16=True):
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        self.window, self.softcap, self.round_to_f16 = window, softcap, round_to_f16
+        self.k = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
+        self.v = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
+
+    def _stored(self, rows):
+        rows = rows.astype(np.float16) if self.round_to_f16 else rows
+        return rows.astype(np.float64).reshape(-1, self.n_kv_head, self.head_dim)
+
+    def __call__(self, q, k, v, positions, seq_ids):
+        self.k[seq_ids, positions] = self._stored(k)
+        self.v[seq_ids, positions] = self._stored(v)
+        group = self.n_head // self.n_kv_head
+        out = np.zeros((len(q), self.n_head, self.head_dim))
+        for t, (pos, seq) in enumerate(zip(positions, seq_ids)):
+            first = max(0, pos - self.window + 1) if self.window > 0 else 0
+            for h in range(self.n_head):
+                keys, values = self.k[seq, first:pos + 1, h // group], self.v[seq, first:pos + 1, h // group]
+                scores = keys @ q[t, h * self.head_dim:(h + 1) * self.head_dim].astype(np.float64) * self.scale
+                if self.softcap > 0:
+                    scores = self.softcap * np.tanh(scores / self.softcap)
+                p = np.exp(scores - scores.max())
+                out[t, h] = (p / p.sum()) @ values
+        return out.reshape(len(q), -1)
+
+    def kv_copy(self, src, dst, n):
+        self.k[dst, :n] = self.k[src, :n]
+        self.v[dst, :n] = self.v[src, :n]
+
+
+class CoreAttention:
+    """A graph of one attention layer over inputs q, k, v, planned for max_tokens per batch."""
+
+    def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
+                 max_tokens=64, n_threads=2):
+        self.g = _core.Graph(n_threads)
+        q, k, v = (self.g.input(n * head_dim) for n in (n_head, n_kv_head, n_kv_head))
+        scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap))
+        self.g.plan(max_tokens, max_tokens, n_ctx, n_seq)
+
+    def __call__(self, q, k, v, positions, seq_ids):
+        n = len(q)
+        return self.g.run(np.zeros(n, np.int32), np.asarray(positions, np.int32), np.asarray(seq_ids, np.int32),
+                          np.arange(n, dtype=np.int32), [q, k, v])
+
+
+def qkv(n_tokens, n_head, n_kv_head, head_dim, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return tuple((rng.standard_normal((n_tokens, n * head_dim)) * scale).astype(np.float32)
+                 for n in (n_head, n_kv_head, n_kv_head))
+
+
+def both(n_head, n_kv_head, head_dim, n_ctx, **kwargs):
+    return (CoreAttention(n_head, n_kv_head, head_dim, n_ctx, **kwargs),
+            ReferenceAttention(n_head, n_kv_head, head_dim, n_ctx, **kwargs))
+
+
+def both_run(core, ref, q, k, v, positions, seq_ids=None):
+    positions = np.asarray(positions)
+    seq_ids = np.zeros(len(q), int) if seq_ids is None else np.asarray(seq_ids)
+    return core(q, k, v, positions, seq_ids), ref(q, k, v, positions, seq_ids)
+
+
+def attention_tolerance(v):
+    """Each output is a convex combination of V rows: its error scales with max|V|."""
+    return dict(rtol=1e-5, atol=3e-6 * float(np.abs(v).max()))
+
+
+def assert_attention_close(out, expected, v):
+    np.testing.assert_allclose(out, expected, **attention_tolerance(v))
+
+
+@pytest.mark.parametrize("n_tokens", TOKEN_COUNTS)
+@pytest.mark.parametrize("n_head, n_kv_head", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("head_dim", [20, 64])
+def test_causal_prefill_attention(isa, n_tokens, n_head, n_kv_head, head_dim):
+    core, ref = both(n_head, n_kv_head, head_dim, 64)
+    q, k, v = qkv(n_tokens, n_head, n_kv_head, head_dim, seed=head_dim)
+    out, expected = both_run(core, ref, q, k, v, np.arange(n_tokens))
+    assert_attention_close(out, expected, v)
+
+
+def test_attention_of_the_first_token_is_its_own_value(isa):
+    q, k, v = qkv(1, 2, 1, 16)
+    out = CoreAttention(2, 1, 16, 8)(q, k, v, [0], [0])
+    value = v[0].astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(out, np.concatenate([value, value])[None], rtol=1e-6)
+
+
+def test_a_token_does_not_see_later_tokens(isa):
+    core_a, core_b = CoreAttention(2, 2, 16, 64), CoreAttention(2, 2, 16, 64)
+    q, k, v = qkv(33, 2, 2, 16)
+    out_a = core_a(q, k, v, np.arange(33), np.zeros(33, int))
+    k[-1], v[-1] = 100.0, -100.0
+    out_b = core_b(q, k, v, np.arange(33), np.zeros(33, int))
+    np.testing.assert_array_equal(out_a[:-1], out_b[:-1])
+    assert not np.allclose(out_a[-1], out_b[-1])
+
+
+def test_kv_cache_stores_float16(isa):
+    """The reference that keeps K/V in float32 is further off than the tolerance: the F16 rounding
+    is part of the expected result."""
+    core, ref = both(2, 2, 32, 64)
+    exact = ReferenceAttention(2, 2, 32, 64, round_to_f16=False)
+    q, k, v = qkv(33, 2, 2, 32, scale=3.0)
+    out, expected = both_run(core, ref, q, k, v, np.arange(33))
+    assert_attention_close(out, expected, v)
+    assert not np.allclose(out, exact(q, k, v, np.arange(33), np.zeros(33, int)), **attention_tolerance(v))
+
+
+@pytest.mark.parametrize("window", [1, 4, 7])
+def test_sliding_window_sees_the_last_window_positions(isa, window):
+    """Gemma 3's local layers: a token at position p sees positions p - window + 1 .. p."""
+    core, ref = both(4, 2, 16, 64, window=window)
+    q, k, v = qkv(33, 4, 2, 16, seed=window)
+    out, expected = both_run(core, ref, q, k, v, np.arange(33))
+    assert_attention_close(out, expected, v)
+    full = ReferenceAttention(4, 2, 16, 64)(q, k, v, np.arange(33), np.zeros(33, int))
+    np.testing.assert_allclose(out[:window], full[:window], **attention_tolerance(v))
+    assert not np.allclose(out[window:], full[window:], **attention_tolerance(v))
+
+
+def test_sliding_window_of_one_returns_the_tokens_own_value(isa):
+    core = CoreAttention(2, 2, 8, 16, window=1)
+    q, k, v = qkv(9, 2, 2, 8)
+    out = core(q, k, v, np.arange(9), np.zeros(9, int))
+    np.testing.assert_allclose(out, v.astype(np.float16).astype(np.float32), rtol=1e-6)
+
+
+def test_attention_logit_softcap(isa):
+    core, ref = both(4, 2, 16, 64, softcap=5.0)
+    q, k, v = qkv(33, 4, 2, 16, scale=3.0)  # scores well beyond the cap
+    out, expected = both_run(core, ref, q, k, v, np.arange(33))
+    assert_attention_close(out, expected, v)
+    uncapped = ReferenceAttention(4, 2, 16, 64)(q, k, v, np.arange(33), np.zeros(33, int))
+    assert not np.allclose(out, uncapped, **attention_tolerance(v))
+
+
+def test_attention_uses_the_given_scale(isa):
+    core, ref = both(2, 1, 32, 64, scale=0.0625)
+    q, k, v = qkv(33, 2, 1, 32, scale=2.0)
+    out, expected = both_run(core, ref, q, k, v, np.arange(33))
+    assert_attention_close(out, expected, v)
+
+
+def test_several_sequences_in_one_batch(isa):
+    """Tokens of three sequences interleaved in one batch each attend to their own sequence only,
+    with the same result as running each sequence alone."""
+    n_head, n_kv_head, head_dim = 4, 2, 16
+    seq_ids = np.array([0, 1, 2] * 11)
+    positions = np.repeat(np.arange(11), 3)
+    core, ref = both(n_head, n_kv_head, head_dim, 32, n_seq=3)
+    q, k, v = qkv(33, n_head, n_kv_head, head_dim, seed=3)
+    out, expected = both_run(core, ref, q, k, v, positions, seq_ids)
+    assert_attention_close(out, expected, v)
+    for seq in range(3):
+        alone = CoreAttention(n_head, n_kv_head, head_dim, 32)
+        mine = seq_ids == seq
+        np.testing.assert_array_equal(alone(q[mine], k[mine], v[mine], np.arange(11), np.zeros(11, int)), out[mine])
+
+
+def test_decode_after_prefill_matches_one_long_prefill(isa):
+    n_head, n_kv_head, head_dim, n_prompt, n_total = 4, 2, 24, 9, 13
+    q, k, v = qkv(n_total, n_head, n_kv_head, head_dim, seed=4)
+    core, ref = both(n_head, n_kv_head, head_dim, 32)
+    out, expected = both_run(core, ref, q[:n_prompt], k[:n_prompt], v[:n_prompt], np.arange(n_prompt))
+    steps = [out]
+    assert_attention_close(out, expected, v)
+    for p in range(n_prompt, n_total):
+        out, expected = both_run(core, ref, q[p:p + 1], k[p:p + 1], v[p:p + 1], [p])
+        assert_attention_close(out, expected, v)
+        steps.append(out)
+    one_pass = CoreAttention(n_head, n_kv_head, head_dim, 32)(q, k, v, np.arange(n_total), np.zeros(n_total, int))
+    np.testing.assert_array_equal(np.concatenate(steps), one_pass)
+
+
+def test_kv_copy_shares_a_prefix_between_sequences(isa):
+    n_head, n_kv_head, head_dim, n_prefix = 2, 1, 16, 6
+    core, ref = both(n_head, n_kv_head, head_dim, 16, n_seq=2)
+    q, k, v = qkv(n_prefix, n_head, n_kv_head, head_dim, seed=5)
+    both_run(core, ref, q, k, v, np.arange(n_prefix))
+    core.g.kv_copy(0, 1, n_prefix)
+    ref.kv_copy(0, 1, n_prefix)
+    q, k, v = qkv(2, n_head, n_kv_head, head_dim, seed=6)  # the next token of each sequence differs
+    out, expected = both_run(core, ref, q, k, v, [n_prefix, n_prefix], [0, 1])
+    assert_attention_close(out, expected, v)
+    assert not np.allclose(out[0], out[1])
+
+
+def test_kv_copy_of_part_of_a_prefix_leaves_the_source_alone(isa):
+    n_head, n_kv_head, head_dim = 2, 2, 8
+    core, ref = both(n_head, n_kv_head, head_dim, 16, n_seq=2)
+    q, k, v = qkv(8, n_head, n_kv_head, head_dim, seed=7)
+    both_run(core, ref, q, k, v, np.arange(8))
+    core.g.kv_copy(0, 1, 4)
+    ref.kv_copy(0, 1, 4)
+    q, k, v = qkv(4, n_head, n_kv_head, head_dim, seed=8)  # seq 1 diverges at position 4
+    out, expected = both_run(core, ref, q, k, v, np.arange(4, 8), np.ones(4, int))
+    assert_attention_close(out, expected, v)
+    q, k, v = qkv(1, n_head, n_kv_head, head_dim, seed=9)  # seq 0 still holds its own positions 4..7
+    out, expected = both_run(core, ref, q, k, v, [8], [0])
+    assert_attention_close(out, expected, v)
+
+
+def test_attention_reads_q_k_v_as_views_of_a_fused_projection(isa):
+    n_head, n_kv_head, head_dim = 4, 2, 16
+    q, k, v = qkv(33, n_head, n_kv_head, head_dim, seed=10)
+    fused = np.concatenate([q, k, v], axis=1)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def build(g, x):
+        qv = g.view(x, 0, n_head * head_dim)
+        kv = g.view(x, n_head * head_dim, n_kv_head * head_dim)
+        vv = g.view(x, (n_head + n_kv_head) * head_dim, n_kv_head * head_dim)
+        return g.attention(qv, kv, vv, n_head, n_kv_head, head_dim, scale)
+
+    separate = CoreAttention(n_head, n_kv_head, head_dim, 33)(q, k, v, np.arange(33), np.zeros(33, int))
+    np.testing.assert_array_equal(run_graph(build, [fused]), separate)
+
+
+@pytest.mark.parametrize("n_head, n_kv_head, head_dim, q_width, kv_width", [
+    (4, 3, 16, 64, 48), (0, 1, 16, 64, 16), (4, 2, 16, 60, 32), (4, 2, 16, 64, 16), (4, 2, 0, 64, 32)])
+def test_attention_rejects_inconsistent_head_counts(n_head, n_kv_head, head_dim, q_width, kv_width):
+    g = _core.Graph(1)
+    q, k, v = g.input(q_width), g.input(kv_width), g.input(kv_width)
+    with pytest.raises(ValueError, match="attention"):
+        g.attention(q, k, v, n_head, n_kv_head, head_dim, 0.25)
