@@ -94,8 +94,15 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--seed", type=_int, default=None, help="random seed (default: random)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are one line (and exit 2), not a usage block; subparsers inherit this class."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ember", description="Local LLM inference on the CPU.")
+    parser = _Parser(prog="ember", description="Local LLM inference on the CPU.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="generate text from a prompt")
@@ -119,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model(p)
     _add_runtime(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_positive_int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_non_negative_int, default=8080, help="port (0: any free port, printed)")
     p.add_argument("--parallel", type=_positive_int, default=4, help="sequence slots")
     p.add_argument("--queue-size", type=_non_negative_int, default=64, help="waiting requests before 503")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")

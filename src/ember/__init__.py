@@ -1,0 +1,30 @@
+"""ember: local LLM inference on the CPU.
+
+    import ember
+    llm = ember.LLM("smollm2-135m")          # or ember.load(...), or a path to a .gguf file
+    print(llm.generate("Once upon a time", max_tokens=32))
+
+The public API is `LLM`, `SamplingParams` and `load`; they are imported on first use, so the
+`ember` command starts without loading numpy or the compiled core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "load", "__version__"]
+
+_LAZY = {"LLM": "ember.llm", "load": "ember.llm", "SamplingParams": "ember.sampling"}
+
+if TYPE_CHECKING:
+    from ember.llm import LLM, load
+    from ember.sampling import SamplingParams
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")

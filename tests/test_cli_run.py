@@ -1,0 +1,180 @@
+"""`ember run`: prompt sources, what goes to stdout and stderr, errors; end to end on a real model."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_llm import ByteTokenizer, continuation, fake_llm
+
+import ember
+from ember import run_command
+from ember.cli import main
+
+SRC = Path(ember.__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+TIMING = r"ember: load time += +[\d.]+ ms\n" \
+         r"ember: prompt eval = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n" \
+         r"ember: generation  = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """ember run with the fake model: "Say:" is answered "Hello"; chats are echoed."""
+
+    loaded = []
+
+    def load_llm(args):
+        if args.chat or args.system is not None:
+            loaded.append(fake_llm())
+        else:
+            loaded.append(fake_llm(continuation(ByteTokenizer().encode("Say:"), list(b"Hello"))))
+        return loaded[-1], 0.0125
+
+    monkeypatch.setattr(run_command, "load_llm", load_llm)
+    return loaded
+
+
+def run(argv, capsys, stdin=""):
+    sys_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        code = main(["run", *argv])
+    finally:
+        sys.stdin = sys_stdin
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_stdout_is_only_the_generated_text_and_stderr_the_timings(fake, capsys):
+    code, out, err = run(["--temp", "0", "Say:"], capsys)
+    assert (code, out) == (0, "Hello")
+    assert err.startswith("ember: load time   =      12.50 ms\n")
+    assert re.fullmatch(TIMING, err)
+
+
+def test_prompt_from_flag_file_and_stdin(fake, capsys, tmp_path):
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("Say:\n")
+    assert run(["--temp", "0", "-p", "Say:"], capsys)[1] == "Hello"
+    assert run(["--temp", "0", "-f", str(prompt_file)], capsys)[1] == "Hello"
+    assert run(["--temp", "0"], capsys, stdin="Say:\n")[1] == "Hello"
+
+
+def test_n_limits_the_tokens(fake, capsys):
+    assert run(["--temp", "0", "-n", "2", "Say:"], capsys)[1] == "He"
+
+
+def test_sampling_prints_the_seed(fake, capsys):
+    code, out, err = run(["-s", "1234", "Say:"], capsys)
+    assert out == "Hello" and err.startswith("ember: seed = 1234\n")
+
+
+def test_chat_wraps_the_prompt_in_the_template(fake, capsys):
+    assert run(["--temp", "0", "--chat", "hi"], capsys)[1] == "You said: hi"
+
+
+def test_system_implies_chat_and_comes_first(fake, capsys):
+    assert run(["--temp", "0", "--system", "Be kind.", "hi"], capsys)[1] == "You said: hi"
+    llm = fake[-1]
+    assert llm.detokenize(llm.model.tokens, special=True).startswith(
+        "<s><|system|>Be kind.<|end|><|user|>hi<|end|><|assistant|>You said")
+
+
+def test_two_prompts_are_refused(fake, capsys):
+    code, out, err = run(["-p", "a", "b"], capsys)
+    assert code == 2 and err == "ember: error: give the prompt once: as PROMPT, with -p or with -f\n"
+
+
+def test_missing_prompt_file_is_one_line(fake, capsys, tmp_path):
+    code, _, err = run(["-f", str(tmp_path / "nope.txt")], capsys)
+    assert code == 2 and err.startswith("ember: error: cannot read the prompt file") and err.count("\n") == 1
+
+
+def test_prompt_longer_than_the_context_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(run_command, "load_llm", lambda args: (fake_llm(n_ctx=8), 0.0))
+    code, out, err = run(["long prompt here"], capsys)
+    assert code == 2 and out == ""
+    assert err == ("ember: error: the prompt has 17 tokens but the context holds 8: raise the context size"
+                   " (-c / n_ctx, up to 1024 for this model) or shorten the prompt\n")
+
+
+def ember_cli(*argv, timeout=300, **kwargs):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.run([sys.executable, "-m", "ember", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kwargs)
+
+
+BAD_VALUES = [
+    (["-n", "-1"], "-n/--n-predict"),
+    (["--temp", "-0.5"], "--temp"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-p", "-0.1"], "--top-p"),
+    (["--min-p", "2"], "--min-p"),
+    (["-c", "0"], "--ctx-size"),
+]
+
+
+@pytest.mark.parametrize("flags, name", BAD_VALUES, ids=[" ".join(f) for f, _ in BAD_VALUES])
+def test_bad_flag_values_exit_2_naming_the_flag(flags, name):
+    result = ember_cli("run", *flags, "hi")
+    assert result.returncode == 2 and result.stdout == ""
+    assert name in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flags, name", BAD_VALUES[:3], ids=[" ".join(f) for f, _ in BAD_VALUES[:3]])
+def test_bad_flag_values_print_one_line(flags, name):
+    result = ember_cli("run", *flags, "hi")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_repeat_penalty_of_zero_is_one_line():
+    result = ember_cli("run", "--repeat-penalty", "0", "hi")
+    assert (result.returncode, result.stderr) == (2, "ember: error: repeat_penalty must be > 0, got 0.0\n")
+
+
+def test_unknown_model_is_one_line():
+    result = ember_cli("run", "-m", "no-such-model", "hi")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("ember: error: 'no-such-model' is neither a model file nor a registry model")
+
+
+# -- a real model, end to end --------------------------------------------------------------------
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_greedy_continuation_matches_llama_cpp():
+    """The same greedy text as llama.cpp on the same file, up to its first near-tie."""
+    fixture = json.loads((FIXTURES / "llama_cpp_greedy_smollm2-135m.json").read_text())
+    for case in fixture["cases"]:
+        result = ember_cli("run", "-m", fixture["model"], "--temp", "0", "-n", str(case["n_predict"]),
+                           "-c", "512", "-p", case["prompt"])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(case["text_before_near_tie"]), (case["prompt"], result.stdout)
+
+
+@pytest.mark.model
+def test_real_model_run_prints_text_then_timings():
+    result = ember_cli("run", "--temp", "0", "-n", "8", "-c", "256", "The capital of France is")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() and not result.stdout.startswith("The capital")
+    assert re.fullmatch(TIMING, result.stderr)
+
+
+@pytest.mark.model
+def test_same_seed_same_text_across_runs_and_thread_counts():
+    outputs = {ember_cli("run", "-s", "7", "-n", "24", "-c", "256", "-t", threads, "Once upon a time").stdout
+               for threads in ("1", "2", "1")}
+    assert len(outputs) == 1 and outputs.pop().strip()
+
+
+@pytest.mark.model
+def test_real_prompt_longer_than_the_context():
+    result = ember_cli("run", "-c", "16", "-p", "word " * 40)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("ember: error: the prompt has ") and "(-c / n_ctx" in result.stderr

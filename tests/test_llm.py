@@ -1,0 +1,231 @@
+"""The Python API (ember.LLM) over the fake model, and once over a real registry model."""
+
+import numpy as np
+import pytest
+from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation, fake_llm
+
+import ember
+from ember.errors import ModelNotFound
+from ember.sampling import InvalidParameter
+
+USER_HI = [{"role": "user", "content": "hi"}]
+
+
+def completing(prompt_text: str, reply: bytes, then=EOS):
+    return fake_llm(continuation(ByteTokenizer().encode(prompt_text), list(reply), then))
+
+
+def uncertain(tokens):
+    return np.random.default_rng(len(tokens)).normal(0, 1, N_VOCAB).astype(np.float32)
+
+
+def log_softmax(logits):
+    x = logits.astype(np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def test_public_names():
+    assert ember.LLM is ember.llm.LLM and ember.load is ember.llm.load
+    assert ember.SamplingParams().top_k == 40
+
+
+def test_generate_returns_the_text():
+    assert completing("Say:", b"Hello").generate("Say:", temperature=0) == "Hello"
+
+
+def test_generate_streams_pieces():
+    pieces = list(completing("Say:", b"Hello").generate("Say:", temperature=0, stream=True))
+    assert pieces == ["H", "e", "l", "l", "o"]
+
+
+def test_generate_honours_max_tokens_and_stop():
+    llm = completing("Say:", b"Hello, world")
+    assert llm.generate("Say:", max_tokens=4, temperature=0) == "Hell"
+    assert llm.generate("Say:", stop=[", "], temperature=0) == "Hello"
+
+
+def test_chat_answers_through_the_template():
+    assert fake_llm().chat(USER_HI, temperature=0) == "You said: hi"
+
+
+def test_chat_prompt_has_one_bos():
+    llm = fake_llm()
+    rendered = TagTemplate().render(USER_HI)
+    assert rendered.startswith("<s>")
+    assert llm.chat_tokens(USER_HI) == ByteTokenizer().encode(rendered, add_special=False, parse_special=True)
+    assert llm.chat_tokens(USER_HI)[:2] == [BOS, 259]  # <s><|user|>
+
+
+def test_prompt_text_gets_bos_when_it_has_none_and_special_text_is_parsed():
+    llm = fake_llm()
+    assert llm.prompt_tokens("a</s>") == [BOS, ord("a"), EOS]
+    assert llm.prompt_tokens("<s>a") == [BOS, ord("a")]
+
+
+def test_tokenize_and_detokenize():
+    llm = fake_llm()
+    assert llm.tokenize("hé") == [BOS, 104, 195, 169]
+    assert llm.tokenize(b"<s>", add_bos=False) == list(b"<s>")
+    assert llm.tokenize("<s>", add_bos=False, special=True) == [BOS]
+    assert llm.detokenize([BOS, 104, 195, 169]) == "hé"
+    assert llm.detokenize([BOS, 104], special=True) == "<s>h"
+
+
+def test_a_follow_up_turn_evaluates_only_the_new_tokens():
+    llm = fake_llm()
+    first = llm.chat(USER_HI, temperature=0)
+    history = USER_HI + [{"role": "assistant", "content": first}, {"role": "user", "content": "ok"}]
+    llm.chat(history, temperature=0)
+    evaluated = llm.model.eval_calls
+    prefill = next(call for call in reversed(evaluated) if len(call) > 1)
+    assert bytes(t for t in prefill if t < 256) == b"ok"  # the reply's end, then <|user|>ok<|end|><|assistant|>
+
+
+def test_create_completion_is_openai_shaped():
+    result = completing("Say:", b"Hello").create_completion("Say:", max_tokens=16, temperature=0)
+    assert result["object"] == "text_completion" and result["id"].startswith("cmpl-")
+    assert result["model"] == "fake" and isinstance(result["created"], int)
+    assert result["choices"] == [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}]
+    assert result["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+
+
+def test_create_completion_default_max_tokens_is_16():
+    result = completing("Say:", b"x" * 40).create_completion("Say:", temperature=0)
+    assert result["choices"][0]["text"] == "x" * 16 and result["choices"][0]["finish_reason"] == "length"
+
+
+def test_create_completion_streams_chunks():
+    chunks = list(completing("Say:", b"Hi").create_completion("Say:", temperature=0, stream=True))
+    assert [c["choices"][0]["text"] for c in chunks] == ["H", "i", ""]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "stop"]
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_completion_logprobs_in_the_legacy_format():
+    prompt = ByteTokenizer().encode("Say:")
+    llm = fake_llm(continuation(prompt, list(b"Yo")))
+    result = llm.create_completion("Say:", temperature=0, logprobs=2)
+    logprobs = result["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["Y", "o"] and logprobs["text_offset"] == [0, 1]
+    reference = log_softmax(continuation(prompt, list(b"Yo"))(prompt))
+    assert logprobs["token_logprobs"][0] == pytest.approx(reference[ord("Y")], abs=1e-6)
+    best = np.argsort(-reference)[:2]
+    assert list(logprobs["top_logprobs"][0].values()) == pytest.approx(reference[best].tolist(), abs=1e-6)
+
+
+def test_create_chat_completion_is_openai_shaped():
+    result = fake_llm().create_chat_completion(USER_HI, temperature=0)
+    assert result["object"] == "chat.completion" and result["id"].startswith("chatcmpl-")
+    assert result["choices"][0]["message"] == {"role": "assistant", "content": "You said: hi"}
+    assert result["choices"][0]["finish_reason"] == "stop"
+    n_prompt = len(fake_llm().chat_tokens(USER_HI))
+    assert result["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 12, "total_tokens": n_prompt + 12}
+
+
+def test_create_chat_completion_streams_deltas():
+    chunks = list(fake_llm().create_chat_completion(USER_HI, temperature=0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "You said: hi"
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+
+
+def test_chat_logprobs_in_the_content_format():
+    result = fake_llm().create_chat_completion(USER_HI, temperature=0, logprobs=True, top_logprobs=1)
+    content = result["choices"][0]["logprobs"]["content"]
+    assert "".join(item["token"] for item in content) == "You said: hi"
+    assert content[0]["bytes"] == [ord("Y")] and content[0]["logprob"] < 0
+    assert content[0]["top_logprobs"][0]["token"] == "Y"
+
+
+def test_llm_seed_makes_a_sequence_of_requests_reproducible():
+    def run(seed):
+        llm = fake_llm(uncertain, seed=seed)
+        return [llm.generate("x", max_tokens=8, temperature=1.0) for _ in range(3)]
+
+    first = run(5)
+    assert first == run(5)
+    assert len(set(first)) == 3  # each request gets its own seed
+    assert first != run(6)
+
+
+def test_request_seed_wins():
+    llm = fake_llm(uncertain, seed=1)
+    a = llm.generate("x", max_tokens=8, temperature=1.0, seed=77)
+    b = llm.generate("x", max_tokens=8, temperature=1.0, seed=77)
+    assert a == b
+
+
+def test_more_sampling_options_pass_through():
+    llm = completing("Say:", b"Hello")
+    assert llm.generate("Say:", temperature=0, logit_bias={"72": -np.inf}, max_tokens=1) != "H"
+
+
+def test_bad_sampling_values_are_refused():
+    with pytest.raises(InvalidParameter, match="temperature"):
+        fake_llm().generate("x", temperature=-1)
+    with pytest.raises(InvalidParameter, match="top_p"):
+        fake_llm().create_chat_completion(USER_HI, top_p=1.5)
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(ModelNotFound):
+        ember.LLM("no-such-model-anywhere")
+
+
+@pytest.mark.model
+def test_real_model_chat_and_completion():
+    llm = ember.LLM("smollm2-135m", n_ctx=512, seed=0)
+    result = llm.create_chat_completion([{"role": "user", "content": "What is 2+2?"}], max_tokens=24,
+                                        temperature=0)
+    choice = result["choices"][0]
+    assert choice["message"]["content"].strip()
+    assert choice["finish_reason"] in ("stop", "length")
+    assert result["usage"]["completion_tokens"] <= 24
+    assert llm.tokenize("Hello world", add_bos=False) == llm.tokenizer.encode("Hello world", add_special=False)
+    assert llm.detokenize(llm.tokenize("Hello world", add_bos=False)) == "Hello world"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_greedy_tokens_match_llama_cpp_up_to_the_first_near_tie():
+    import json
+    from pathlib import Path
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "llama_cpp_greedy_smollm2-135m.json").read_text())
+    llm = ember.LLM(fixture["model"], n_ctx=512)
+    for case in fixture["cases"]:
+        assert llm.prompt_tokens(case["prompt"]) == case["prompt_ids"]
+        generation = llm.generation(case["prompt"], ember.SamplingParams(temperature=0),
+                                    max_tokens=case["n_before_near_tie"])
+        generation.text()
+        assert generation.tokens == case["ids"][:case["n_before_near_tie"]], case["prompt"]
+
+
+@pytest.mark.model
+def test_a_template_that_writes_bos_gets_no_second_one():
+    from ember.chat import ChatTemplate
+    from ember.gguf import open_gguf
+    from ember.hub import resolve_model
+    from ember.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(open_gguf(resolve_model("gemma3-270m")))  # adds BOS by itself
+    template = ChatTemplate("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}"
+                            "<end_of_turn>\n{% endfor %}<start_of_turn>model\n", bos_token="<bos>")
+    llm = llm_over(tokenizer, template)
+    text = template.render(USER_HI)
+    assert tokenizer.encode(text, parse_special=True).count(tokenizer.bos_id) == 2  # the hazard
+    ids = llm.chat_tokens(USER_HI)
+    assert ids == tokenizer.encode(text, add_special=False, parse_special=True)
+    assert ids.count(tokenizer.bos_id) == 1 and ids[0] == tokenizer.bos_id
+
+
+def llm_over(tokenizer, template):
+    """An LLM whose model is never run: enough to turn messages into prompt ids."""
+    class Unused:
+        n_ctx, n_vocab = 512, tokenizer.n_vocab
+
+        def reset(self, seq=0):
+            pass
+
+    return ember.LLM.from_components(Unused(), tokenizer, template)
