@@ -1,10 +1,130 @@
-// Kernels for Q5 are not written yet: the type has no entry in the kernel table.
+// Q5_0 and Q5_1. A block holds 32 five-bit weights: the low four bits as nibbles (qs[j] low
+// nibble is element j, high nibble element j + 16) and the fifth bits in qh, a little-endian
+// u32 whose bit j belongs to element j.
+// Q5_0: value = d * (q - 16), dotted with Q8_0 activations.
+// Q5_1: value = d * q + m, dotted with Q8_1 activations: sum = d dy sum(q qy) + m s_y.
+#include <cstring>
+
+#include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
 
-void register_q5(KernelTable&) {}
+namespace {
+
+inline uint32_t high_bits(const uint8_t qh[4]) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  return bits;
+}
+
+// The 32 five-bit values of a block, 0..31, in element order.
+inline void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int q[32]) {
+  const uint32_t bits = high_bits(qh);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0x0F) | (((bits >> j) & 1) << 4);
+    q[j + 16] = (qs[j] >> 4) | (((bits >> (j + 16)) & 1) << 4);
+  }
+}
+
+#if defined(__AVX2__)
+// The 32 values of a block as bytes 0..31.
+inline __m256i unpack_q5_32(const uint8_t qh[4], const uint8_t qs[16]) {
+  const __m256i fifth = _mm256_and_si256(bits_to_byte_mask_32(qh), _mm256_set1_epi8(0x10));
+  return _mm256_or_si256(unpack_nibbles_32(qs), fifth);
+}
+
+// The 32 values of a block minus 16, as signed bytes: a clear fifth bit turns the nibble n
+// into n - 16, which is n | 0xF0 in two's complement; a set one leaves n.
+inline __m256i unpack_q5_centered_32(const uint8_t qh[4], const uint8_t qs[16]) {
+  const __m256i borrow = _mm256_andnot_si256(bits_to_byte_mask_32(qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
+  return _mm256_or_si256(unpack_nibbles_32(qs), borrow);
+}
+#endif
+
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+  const block_q5_0* x = static_cast<const block_q5_0*>(src);
+  int q[QK5_0];
+  for (int64_t b = 0; b < n / QK5_0; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    unpack_q5(x[b].qh, x[b].qs, q);
+    for (int j = 0; j < QK5_0; ++j) dst[b * QK5_0 + j] = d * (q[j] - 16);
+  }
+}
+
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+  const block_q5_1* x = static_cast<const block_q5_1*>(src);
+  int q[QK5_1];
+  for (int64_t b = 0; b < n / QK5_1; ++b) {
+    const float d = fp16_to_fp32(x[b].d), m = fp16_to_fp32(x[b].m);
+    unpack_q5(x[b].qh, x[b].qs, q);
+    for (int j = 0; j < QK5_1; ++j) dst[b * QK5_1 + j] = d * q[j] + m;
+  }
+}
+
+void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q5_0* x = static_cast<const block_q5_0*>(vx);
+  const block_q8_0* y = static_cast<const block_q8_0*>(vy);
+  const int64_t nb = n / QK5_0;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
+  }
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  int q[QK5_0];
+  for (int64_t b = 0; b < nb; ++b) {
+    unpack_q5(x[b].qh, x[b].qs, q);
+    int isum = 0;
+    for (int j = 0; j < QK5_0; ++j) isum += (q[j] - 16) * y[b].qs[j];
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+  }
+  *out = sum;
+#endif
+}
+
+void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q5_1* x = static_cast<const block_q5_1*>(vx);
+  const block_q8_1* y = static_cast<const block_q8_1*>(vy);
+  const int64_t nb = n / QK5_1;
+  float offsets = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m256i qx = unpack_q5_32(x[b].qh, x[b].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
+  }
+  *out = hsum_f32_8(acc) + offsets;
+#else
+  float sum = 0.0f;
+  int q[QK5_1];
+  for (int64_t b = 0; b < nb; ++b) {
+    unpack_q5(x[b].qh, x[b].qs, q);
+    int isum = 0;
+    for (int j = 0; j < QK5_1; ++j) isum += q[j] * y[b].qs[j];
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
+  }
+  *out = sum + offsets;
+#endif
+}
+
+}  // namespace
+
+void register_q5(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q5_0)] = {GGMLType::Q8_0, dequantize_row_q5_0, nullptr, vec_dot_q5_0_q8_0};
+  t.types[static_cast<int>(GGMLType::Q5_1)] = {GGMLType::Q8_1, dequantize_row_q5_1, nullptr, vec_dot_q5_1_q8_1};
+}
 
 }  // namespace EMBER_ISA_NS
 }  // namespace ember

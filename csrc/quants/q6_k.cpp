@@ -1,10 +1,114 @@
-// Kernels for Q6_K are not written yet: the type has no entry in the kernel table.
+// Q6_K: super-blocks of 256 weights in 16 sub-blocks of 16, each with an int8 scale:
+// value = d * scale_j * (q - 32), q six bits. Each half h of the block (128 weights) takes
+// 64 bytes of ql (low 4 bits) and 32 bytes of qh (top 2 bits): for l < 32, ql[l] gives
+// elements l (low nibble) and l + 64 (high nibble), ql[l + 32] elements l + 32 and l + 96, and
+// qh[l] bits 2k..2k+1 are the top bits of element l + 32 k. Dotted with Q8_K activations:
+// sum = d dy sum_j scale_j (sum(q qy) - 32 sum(qy)), sum(qy) from the bsums.
+#include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
 
-void register_q6_k(KernelTable&) {}
+namespace {
+
+// The 128 values of half a block, 0..63, in element order.
+inline void unpack_q6_half(const uint8_t* ql, const uint8_t* qh, int q[128]) {
+  for (int l = 0; l < 32; ++l) {
+    q[l] = (ql[l] & 0x0F) | ((qh[l] & 0x03) << 4);
+    q[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 0x03) << 4);
+    q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 0x03) << 4);
+    q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 0x03) << 4);
+  }
+}
+
+void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
+  const block_q6_K* x = static_cast<const block_q6_K*>(src);
+  int q[128];
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int h = 0; h < 2; ++h) {
+      unpack_q6_half(x[b].ql + 64 * h, x[b].qh + 32 * h, q);
+      for (int i = 0; i < 128; ++i) dst[b * QK_K + 128 * h + i] = d * x[b].scales[8 * h + i / 16] * (q[i] - 32);
+    }
+  }
+}
+
+#if defined(__AVX2__)
+// int16 scales for a half block in both lanes -> lane 0 holds scale k, lane 1 scale k + 1, in
+// every word: the scales for the 32 values of one chunk (two sub-blocks of 16).
+inline __m256i pick_scale_pair(__m256i scales, int k) {
+  const __m128i lo = _mm_set1_epi16(static_cast<short>(0x0100 + 0x0202 * k));
+  const __m128i hi = _mm_set1_epi16(static_cast<short>(0x0100 + 0x0202 * (k + 1)));
+  return _mm256_shuffle_epi8(scales, _mm256_set_m128i(hi, lo));
+}
+
+// One super-block: d dy sum_j scale_j (sum(q qy) - 32 sum(qy)), as 8 float lanes to be summed.
+inline __m256 dot_block_q6_k(const block_q6_K& x, const block_q8_K& y, __m256 acc) {
+  const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+  const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 scale_j sum(qy)
+
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  __m256i sumi = _mm256_setzero_si256();
+  for (int h = 0; h < 2; ++h) {
+    const __m256i scales = _mm256_permute2x128_si256(scales16, scales16, h == 0 ? 0x00 : 0x11);
+    const uint8_t* ql = x.ql + 64 * h;
+    const int8_t* qy = y.qs + 128 * h;
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
+    // Bits 2k..2k+1 of qh moved to bits 4..5 (16-bit shifts: the mask drops what crosses bytes).
+    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, top2));
+    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+    const __m256i q[4] = {q0, q1, q2, q3};
+    for (int k = 0; k < 4; ++k) {
+      const __m256i qyk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * k));
+      const __m256i p = _mm256_maddubs_epi16(q[k], qyk);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pick_scale_pair(scales, 2 * k)));
+    }
+  }
+  sumi = _mm256_sub_epi32(sumi, offset);
+  return _mm256_fmadd_ps(_mm256_set1_ps(y.d * fp16_to_fp32(x.d)), _mm256_cvtepi32_ps(sumi), acc);
+}
+#endif
+
+void vec_dot_q6_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q6_K* x = static_cast<const block_q6_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / QK_K;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) acc = dot_block_q6_k(x[b], y[b], acc);
+  *out = hsum_f32_8(acc);
+#else
+  float sum = 0.0f;
+  int q[128];
+  for (int64_t b = 0; b < nb; ++b) {
+    int scaled = 0;
+    for (int h = 0; h < 2; ++h) {
+      unpack_q6_half(x[b].ql + 64 * h, x[b].qh + 32 * h, q);
+      for (int j = 0; j < 8; ++j) {
+        int dot = 0;
+        for (int i = 0; i < 16; ++i) dot += (q[16 * j + i] - 32) * y[b].qs[128 * h + 16 * j + i];
+        scaled += x[b].scales[8 * h + j] * dot;
+      }
+    }
+    sum += y[b].d * fp16_to_fp32(x[b].d) * scaled;
+  }
+  *out = sum;
+#endif
+}
+
+}  // namespace
+
+void register_q6_k(KernelTable& t) {
+  t.types[static_cast<int>(GGMLType::Q6_K)] = {GGMLType::Q8_K, dequantize_row_q6_k, nullptr, vec_dot_q6_k_q8_k};
+}
 
 }  // namespace EMBER_ISA_NS
 }  // namespace ember

@@ -3,6 +3,9 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 namespace ember {
 
 inline float hsum_f32_8(__m256 x) {
@@ -68,6 +71,18 @@ inline __m256i unpack_nibbles_32(const uint8_t* qs) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits -> 32 bytes: byte j is 0xFF where bit j % 8 of bits[j / 8] is set, else 0.
+inline __m256i bits_to_byte_mask_32(const uint8_t* bits) {
+  uint32_t word;
+  std::memcpy(&word, bits, 4);
+  // Byte k of the result looks at source byte k / 8 and tests bit k % 8 of it.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(word)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
 }  // namespace ember
