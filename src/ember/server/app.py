@@ -1,0 +1,221 @@
+"""The HTTP routes: OpenAI's completions, chat completions and models, llama.cpp's tokenize and
+detokenize, health, Prometheus metrics and the chat page at /.
+
+Every error is answered with an OpenAI-style body (see schemas.APIError): 400 for bad input,
+401 for a missing or wrong API key, 404 for unknown routes, 413 for a body over the limit,
+503 with Retry-After when every slot is busy and the queue is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from importlib import resources
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ember.errors import ContextFullError, EmberError
+from ember.openai_format import ResponseFormat
+from ember.sampling import SamplingParams
+from ember.server.metrics import Metrics
+from ember.server.scheduler import QueueFull, Scheduler
+from ember.server.schemas import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+    parse,
+)
+from ember.server.streaming import JobEvents, event_stream, whole_response
+
+log = logging.getLogger("ember.server")
+
+MAX_BODY_BYTES = 8 << 20
+RETRY_AFTER_SECONDS = 1
+ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+          "/metrics")
+
+
+def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None) -> FastAPI:
+    """The app serving `llm` (an ember.LLM: its tokenizer, chat template and name) through `scheduler`."""
+    app = FastAPI(title="ember", docs_url=None, redoc_url=None, openapi_url=None)
+    authorized = [Depends(_api_key_check(api_key))]
+    started = int(time.time())
+    _add_error_handlers(app)
+    app.add_middleware(_CountRequests, metrics=metrics)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def chat_page():
+        return resources.files("ember.server").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def models():
+        return {"object": "list", "data": [{
+            "id": llm.name, "object": "model", "created": started, "owned_by": "ember",
+            "meta": {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "n_slots": len(scheduler.slots)}}]}
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(request: Request):
+        body = parse(CompletionRequest, await _read_json(request))
+        prompt = body.prompt
+        tokens = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(llm.prompt_tokens, prompt)
+        response = ResponseFormat(False, llm.name, llm.tokenizer, logprobs=body.logprobs is not None)
+        return await _generate(request, scheduler, tokens, body, response)
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(request: Request):
+        body = parse(ChatRequest, await _read_json(request))
+        tokens = await asyncio.to_thread(llm.chat_tokens, [m.plain() for m in body.messages])
+        response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs)
+        return await _generate(request, scheduler, tokens, body, response)
+
+    @app.post("/tokenize", dependencies=authorized)
+    async def tokenize(request: Request):
+        body = parse(TokenizeRequest, await _read_json(request))
+        ids = await asyncio.to_thread(llm.tokenizer.encode, body.content, add_special=body.add_special,
+                                      parse_special=body.parse_special)
+        if body.with_pieces:
+            return {"tokens": [{"id": i, "piece": _piece(llm.tokenizer.token_bytes(i))} for i in ids]}
+        return {"tokens": ids}
+
+    @app.post("/detokenize", dependencies=authorized)
+    async def detokenize(request: Request):
+        body = parse(DetokenizeRequest, await _read_json(request))
+        bad = [t for t in body.tokens if not 0 <= t < llm.n_vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {llm.n_vocab})", param="tokens")
+        return {"content": llm.detokenize(body.tokens, special=True)}
+
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=authorized)
+    async def prometheus():
+        text = metrics.render(len(scheduler.slots), scheduler.n_waiting, scheduler.n_running)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _generate(request: Request, scheduler: Scheduler, tokens: list[int], body, response: ResponseFormat):
+    params = SamplingParams(**body.sampling_kwargs(body.DEFAULT_TEMPERATURE))
+    events = JobEvents()
+    job = scheduler.job(tokens, params, body.max_new_tokens, body.stop or [], body.n_logprobs, events.deliver)
+    scheduler.submit(job)
+    if body.stream:
+        return StreamingResponse(event_stream(scheduler, job, events, response, body.include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await whole_response(request, scheduler, job, events, response)
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not whole UTF-8 characters (as llama.cpp answers)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+async def _read_json(request: Request):
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large()
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}") from None
+
+
+def _too_large() -> APIError:
+    return APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+
+
+def _api_key_check(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key", kind="authentication_error",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def answer(error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return answer(error)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, error: QueueFull):
+        return answer(APIError(503, f"the server is busy ({error}); retry later", kind="server_busy",
+                               code="server_busy", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}))
+
+    @app.exception_handler(ContextFullError)
+    async def context_full(request: Request, error: ContextFullError):
+        return answer(APIError(400, str(error), param="messages" if "chat" in request.url.path else "prompt",
+                               code="context_length_exceeded"))
+
+    @app.exception_handler(EmberError)
+    async def bad_request(request: Request, error: EmberError):
+        return answer(APIError(400, str(error)))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        return answer(APIError(400, "invalid request"))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        if error.status_code == 404:
+            message = f"there is no route {request.method} {request.url.path}"
+        elif error.status_code == 405:
+            message = f"{request.url.path} does not accept {request.method}"
+        else:
+            message = str(error.detail)
+        return JSONResponse(error_body(message, code="not_found" if error.status_code == 404 else None),
+                            status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, error: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return answer(APIError(500, "internal server error", kind="server_error"))
+
+
+class _CountRequests:
+    """ASGI middleware counting answered requests by route and status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.on_request(route, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send=counting_send)
