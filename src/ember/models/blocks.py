@@ -44,6 +44,9 @@ class HParams:
         n_head = _first(field("attention.head_count"))
         head_dim = int(field("attention.key_length", n_embd // n_head))
         scaling = f.metadata.get(f"{arch}.rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise GGUFError(f"RoPE scaling type {scaling!r} ({arch}.rope.scaling.type) is not supported yet;"
+                            " ember supports none and linear")
         factor = float(f.metadata.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
         vocab = f.metadata.get(f"{arch}.vocab_size")
         if vocab is None:
@@ -144,10 +147,11 @@ class Builder:
         return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap)
 
     def gated_mlp(self, x: int, prefix: str, act: str = "silu") -> int:
-        gate = self.g.matmul(self.weight(f"{prefix}.ffn_gate.weight"), x)
-        up = self.g.matmul(self.weight(f"{prefix}.ffn_up.weight"), x)
+        """down(act(gate(x)) * up(x)), with biases where the file has them (Llama's mlp_bias)."""
+        gate = self.linear(x, f"{prefix}.ffn_gate")
+        up = self.linear(x, f"{prefix}.ffn_up")
         h = self.g.swiglu(gate, up) if act == "silu" else self.g.geglu(gate, up)
-        return self.g.matmul(self.weight(f"{prefix}.ffn_down.weight"), h)
+        return self.linear(h, f"{prefix}.ffn_down")
 
     def output_weight(self) -> int:
         """The LM head, tied to the token embedding when the file has no output.weight."""
