@@ -85,7 +85,7 @@ def main() -> None:
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 if __name__ == "__main__":

@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true", help="ISA, threads and versions")
     p.add_argument("--tensors", action="store_true", help="list every tensor")
     p.add_argument("--memory", action="store_true", help="planned memory use")
+    p.add_argument("-c", "--ctx-size", type=_positive_int, default=None,
+                   help="context length for --memory (default: min(model's, 4096))")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="ember.info:cli_info")
 

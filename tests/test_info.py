@@ -1,0 +1,178 @@
+"""`ember info`: the facts of a model file, as text, with --tensors, and as JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from ember.cli import main
+from ember.gguf import GGUFValueType, GGUFWriter, open_gguf
+from ember.info import describe
+from ember.quants import GGMLType, quantize
+
+TOKENS = ["<s>", "</s>", "a", "b", "ab"]
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """A llama-shaped file with every key `ember info` reports."""
+    w = GGUFWriter(tmp_path / "tiny.gguf", "llama")
+    w.add("general.name", "Tiny Test")
+    w.add("general.file_type", 2)  # MOSTLY_Q4_0
+    w.add("llama.context_length", 512)
+    w.add("llama.embedding_length", 64)
+    w.add("llama.block_count", 2)
+    w.add("llama.feed_forward_length", 128)
+    w.add("llama.attention.head_count", 4)
+    w.add("llama.attention.head_count_kv", 2)
+    w.add("tokenizer.ggml.model", "gpt2")
+    w.add("tokenizer.ggml.pre", "smollm")
+    w.add("tokenizer.ggml.tokens", TOKENS)
+    w.add("tokenizer.ggml.token_type", [1] * len(TOKENS), GGUFValueType.INT32)
+    w.add("tokenizer.chat_template", "{{ messages }}")
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", quantize(rng.standard_normal((5, 64)), GGMLType.Q4_0), GGMLType.Q4_0)
+    for layer in range(2):
+        q = quantize(rng.standard_normal((64, 64)), GGMLType.Q4_0)
+        w.add_tensor(f"blk.{layer}.attn_q.weight", q, GGMLType.Q4_0)
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("output.weight", quantize(rng.standard_normal((5, 64)), GGMLType.Q8_0), GGMLType.Q8_0)
+    return w.write()
+
+
+def run(capsys, *argv):
+    code = main(["info", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_describe_reports_the_model_facts(tiny_model):
+    with open_gguf(tiny_model) as f:
+        facts = describe(f)
+    assert facts["architecture"] == "llama"
+    assert facts["name"] == "Tiny Test"
+    assert facts["parameters"] == 5 * 64 + 2 * (64 * 64 + 64) + 5 * 64
+    assert facts["file_type"] == "Q4_0"
+    assert facts["tensor_types"] == {"Q4_0": 3, "F32": 2, "Q8_0": 1}
+    assert facts["tensor_count"] == 6
+    assert (facts["context_length"], facts["embedding_length"], facts["layers"]) == (512, 64, 2)
+    assert (facts["heads"], facts["kv_heads"], facts["head_dim"]) == (4, 2, 16)
+    assert facts["feed_forward_length"] == 128
+    assert (facts["vocab_size"], facts["tokenizer"], facts["tokenizer_pre"]) == (5, "gpt2", "smollm")
+    assert facts["chat_template"] is True
+
+
+def test_text_output_has_one_line_per_fact(capsys, tiny_model):
+    code, out, err = run(capsys, tiny_model)
+    assert code == 0 and err == ""
+    lines = {line[:14].strip(): line[15:] for line in out.splitlines()}  # "label" padded to 14, value
+    assert lines["architecture"] == "llama"
+    assert lines["parameters"] == "8.96K (8960)"  # 5*64 + 2*(64*64 + 64) + 5*64
+    assert lines["file type"] == "Q4_0"
+    assert lines["tensors"] == "6: 3 Q4_0, 2 F32, 1 Q8_0"
+    assert lines["context"] == "512"
+    assert lines["heads"] == "4 (2 KV), head dim 16"
+    assert lines["vocabulary"] == "5 tokens, BPE (gpt2), pre-tokenizer smollm"
+    assert lines["chat template"] == "yes"
+
+
+def test_tensors_lists_name_type_shape_and_offset(capsys, tiny_model):
+    gguf = pytest.importorskip("gguf")
+    code, out, _ = run(capsys, tiny_model, "--tensors")
+    rows = [line.split() for line in out.split("\n\n")[1].splitlines()[1:]]
+    reader = gguf.GGUFReader(tiny_model)
+    assert code == 0
+    assert [r[0] for r in rows] == [t.name for t in reader.tensors]
+    assert [r[1] for r in rows] == [t.tensor_type.name for t in reader.tensors]
+    assert [int(r[-1]) for r in rows] == [t.data_offset for t in reader.tensors]
+    assert [" ".join(r[2:-1]) for r in rows] == [str(t.shape.tolist()) for t in reader.tensors]
+
+
+def test_json_prints_the_same_facts(capsys, tiny_model):
+    code, out, _ = run(capsys, tiny_model, "--json", "--tensors")
+    report = json.loads(out)
+    with open_gguf(tiny_model) as f:
+        assert report["model"] == json.loads(json.dumps(describe(f)))
+        assert report["tensors"][1] == {"name": "blk.0.attn_q.weight", "type": "Q4_0", "shape": [64, 64],
+                                        "offset": f.tensors["blk.0.attn_q.weight"].offset}
+    assert code == 0
+
+
+def test_json_leaves_out_tensors_unless_asked(capsys, tiny_model):
+    _, out, _ = run(capsys, tiny_model, "--json")
+    assert set(json.loads(out)) == {"model"}
+
+
+def test_a_malformed_file_is_one_line_and_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**63).to_bytes(8, "little") + bytes(8))
+    code, out, err = run(capsys, bad)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("ember: error: ") and "more than the file can hold (at byte 8)" in err
+
+
+def test_without_a_model_it_asks_for_one(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and "needs a MODEL" in err
+
+
+def test_system_comes_from_sysinfo(capsys, monkeypatch):
+    fake = types.ModuleType("ember.sysinfo")
+    fake.system_info = lambda: {"cpu": "Test CPU", "isa": "avx2"}
+    monkeypatch.setitem(sys.modules, "ember.sysinfo", fake)
+    code, out, _ = run(capsys, "--system", "--json")
+    assert code == 0 and json.loads(out) == {"system": {"cpu": "Test CPU", "isa": "avx2"}}
+
+
+def test_system_says_when_the_build_lacks_it(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ember.sysinfo", None)
+    code, _, err = run(capsys, "--system")
+    assert code == 2 and "not available in this build" in err
+
+
+def test_memory_asks_the_runtime_for_the_plan(capsys, monkeypatch, tiny_model):
+    calls = []
+    fake = types.ModuleType("ember.runtime")
+    fake.planned_memory = lambda path, n_ctx: calls.append((path, n_ctx)) or {"weights_bytes": 3 << 20}
+    monkeypatch.setitem(sys.modules, "ember.runtime", fake)
+    code, out, _ = run(capsys, tiny_model, "--memory")
+    assert code == 0 and calls == [(tiny_model, None)]
+    assert "weights_bytes      3.0 MiB" in out
+
+
+def test_memory_says_when_the_build_lacks_it(capsys, monkeypatch, tiny_model):
+    monkeypatch.setitem(sys.modules, "ember.runtime", types.ModuleType("ember.runtime"))
+    code, _, err = run(capsys, tiny_model, "--memory")
+    assert code == 2 and "memory planning is not available in this build" in err
+
+
+@pytest.mark.model
+def test_registry_model_by_name(capsys):
+    code, out, _ = run(capsys, "smollm2-135m", "--json")
+    facts = json.loads(out)["model"]
+    assert code == 0
+    # SmolLM2-135M-Instruct: llama, 30 layers, 9 heads of 64 (3 KV heads), 576 wide, Q4_1 file
+    assert (facts["architecture"], facts["file_type"]) == ("llama", "Q4_1")
+    assert (facts["layers"], facts["heads"], facts["kv_heads"], facts["head_dim"]) == (30, 9, 3, 64)
+    assert (facts["embedding_length"], facts["vocab_size"]) == (576, 49152)
+    assert (facts["tokenizer"], facts["tokenizer_pre"], facts["chat_template"]) == ("gpt2", "smollm", True)
+
+
+@pytest.mark.model
+@pytest.mark.slow  # gguf.GGUFReader takes seconds
+def test_registry_model_counts_match_the_gguf_reader(capsys):
+    gguf = pytest.importorskip("gguf")
+    from ember.hub import resolve_model
+
+    _, out, _ = run(capsys, "smollm2-135m", "--json")
+    facts = json.loads(out)["model"]
+    reader = gguf.GGUFReader(resolve_model("smollm2-135m"))
+    assert facts["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
+    assert facts["tensor_types"] == dict(Counter(t.tensor_type.name for t in reader.tensors))
+    assert facts["vocab_size"] == len(reader.fields["tokenizer.ggml.tokens"].data)
