@@ -50,12 +50,13 @@ inline void tile_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t
     for (int c = 0; c < C; ++c) out[c * out_stride + r] = hsum_f32_8(acc[r][c]) + offsets[r][c];
 }
 
-template <typename T, int C>
+// Rows in groups of R (R x C accumulators stay in registers), then the remainder one by one.
+template <typename T, int R, int C>
 inline void tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride,
                       const uint8_t* y, size_t y_stride, int n_rows) {
   int r = 0;
-  for (; r + 4 <= n_rows; r += 4)
-    tile_kernel<T, 4, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride);
+  for (; r + R <= n_rows; r += R)
+    tile_kernel<T, R, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride);
   for (; r < n_rows; ++r) tile_kernel<T, 1, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride);
 }
 
@@ -66,10 +67,12 @@ void gemm_tile(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
   int c = 0;
+  for (; c + 4 <= n_cols; c += 4)
+    tile_rows<T, 2, 4>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows);
   for (; c + 2 <= n_cols; c += 2)
-    tile_rows<T, 2>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows);
+    tile_rows<T, 4, 2>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows);
   for (; c < n_cols; ++c)
-    tile_rows<T, 1>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows);
+    tile_rows<T, 4, 1>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows);
 }
 
 }  // namespace ember
