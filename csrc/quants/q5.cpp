@@ -69,14 +69,28 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK5_0;
 #if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  // Scales 8 blocks at a time; two accumulators hide the FMA latency.
+  __m256 acc = _mm256_setzero_ps(), acc_odd = _mm256_setzero_ps();
+  alignas(32) float d8[8];
+  int64_t b = 0;
+  for (; b + 7 < nb; b += 8) {
+    _mm256_store_ps(d8, fp16_products_8(x + b, sizeof(block_q5_0), y + b, sizeof(block_q8_0)));
+    for (int i = 0; i < 8; i += 2) {
+      const __m256i qx0 = unpack_q5_centered_32(x[b + i].qh, x[b + i].qs);
+      const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b + i].qs));
+      acc = _mm256_fmadd_ps(_mm256_broadcast_ss(d8 + i), dot_i8_i8_f32(qx0, qy0), acc);
+      const __m256i qx1 = unpack_q5_centered_32(x[b + i + 1].qh, x[b + i + 1].qs);
+      const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b + i + 1].qs));
+      acc_odd = _mm256_fmadd_ps(_mm256_broadcast_ss(d8 + i + 1), dot_i8_i8_f32(qx1, qy1), acc_odd);
+    }
+  }
+  for (; b < nb; ++b) {
     const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
     const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
   }
-  *out = hsum_f32_8(acc);
+  *out = hsum_f32_8(_mm256_add_ps(acc, acc_odd));
 #else
   float sum = 0.0f;
   int q[QK5_0];
@@ -94,19 +108,20 @@ void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q5_1* x = static_cast<const block_q5_1*>(vx);
   const block_q8_1* y = static_cast<const block_q8_1*>(vy);
   const int64_t nb = n / QK5_1;
-  float offsets = 0.0f;
 #if defined(__AVX2__)
   __m256 acc = _mm256_setzero_ps();
+  __m128 offsets = _mm_setzero_ps();  // lane 1 sums m s_y
   for (int64_t b = 0; b < nb; ++b) {
-    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m128 scales = fp16_pair_products(x + b, y + b);  // d dy, m s_y
+    offsets = _mm_add_ps(offsets, scales);
+    const __m256 d = _mm256_broadcastss_ps(scales);
     const __m256i qx = unpack_q5_32(x[b].qh, x[b].qs);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
   }
-  *out = hsum_f32_8(acc) + offsets;
+  *out = hsum_f32_8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(offsets));
 #else
-  float sum = 0.0f;
+  float sum = 0.0f, offsets = 0.0f;
   int q[QK5_1];
   for (int64_t b = 0; b < nb; ++b) {
     unpack_q5(x[b].qh, x[b].qs, q);
