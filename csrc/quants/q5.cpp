@@ -14,15 +14,10 @@ namespace EMBER_ISA_NS {
 
 namespace {
 
-inline uint32_t high_bits(const uint8_t qh[4]) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, 4);
-  return bits;
-}
-
 // The 32 five-bit values of a block, 0..31, in element order.
 inline void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int q[32]) {
-  const uint32_t bits = high_bits(qh);
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
   for (int j = 0; j < 16; ++j) {
     q[j] = (qs[j] & 0x0F) | (((bits >> j) & 1) << 4);
     q[j + 16] = (qs[j] >> 4) | (((bits >> (j + 16)) & 1) << 4);
@@ -69,6 +64,11 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK5_0;
 #if defined(__AVX2__)
+  auto block = [&](int64_t b, __m256 d, __m256& into) {
+    const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    into = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), into);
+  };
   // Scales 8 blocks at a time; two accumulators hide the FMA latency.
   __m256 acc = _mm256_setzero_ps(), acc_odd = _mm256_setzero_ps();
   alignas(32) float d8[8];
@@ -76,20 +76,11 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   for (; b + 7 < nb; b += 8) {
     _mm256_store_ps(d8, fp16_products_8(x + b, sizeof(block_q5_0), y + b, sizeof(block_q8_0)));
     for (int i = 0; i < 8; i += 2) {
-      const __m256i qx0 = unpack_q5_centered_32(x[b + i].qh, x[b + i].qs);
-      const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b + i].qs));
-      acc = _mm256_fmadd_ps(_mm256_broadcast_ss(d8 + i), dot_i8_i8_f32(qx0, qy0), acc);
-      const __m256i qx1 = unpack_q5_centered_32(x[b + i + 1].qh, x[b + i + 1].qs);
-      const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b + i + 1].qs));
-      acc_odd = _mm256_fmadd_ps(_mm256_broadcast_ss(d8 + i + 1), dot_i8_i8_f32(qx1, qy1), acc_odd);
+      block(b + i, _mm256_broadcast_ss(d8 + i), acc);
+      block(b + i + 1, _mm256_broadcast_ss(d8 + i + 1), acc_odd);
     }
   }
-  for (; b < nb; ++b) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
-    const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
-  }
+  for (; b < nb; ++b) block(b, _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d)), acc);
   *out = hsum_f32_8(_mm256_add_ps(acc, acc_odd));
 #else
   float sum = 0.0f;
