@@ -14,15 +14,10 @@ namespace EMBER_ISA_NS {
 
 namespace {
 
-inline uint32_t high_bits(const uint8_t qh[4]) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, 4);
-  return bits;
-}
-
 // The 32 five-bit values of a block, 0..31, in element order.
 inline void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int q[32]) {
-  const uint32_t bits = high_bits(qh);
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
   for (int j = 0; j < 16; ++j) {
     q[j] = (qs[j] & 0x0F) | (((bits >> j) & 1) << 4);
     q[j + 16] = (qs[j] >> 4) | (((bits >> (j + 16)) & 1) << 4);
@@ -69,14 +64,24 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK5_0;
 #if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+  auto block = [&](int64_t b, __m256 d, __m256& into) {
     const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
+    into = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), into);
+  };
+  // Scales 8 blocks at a time; two accumulators hide the FMA latency.
+  __m256 acc = _mm256_setzero_ps(), acc_odd = _mm256_setzero_ps();
+  alignas(32) float d8[8];
+  int64_t b = 0;
+  for (; b + 7 < nb; b += 8) {
+    _mm256_store_ps(d8, fp16_products_8(x + b, sizeof(block_q5_0), y + b, sizeof(block_q8_0)));
+    for (int i = 0; i < 8; i += 2) {
+      block(b + i, _mm256_broadcast_ss(d8 + i), acc);
+      block(b + i + 1, _mm256_broadcast_ss(d8 + i + 1), acc_odd);
+    }
   }
-  *out = hsum_f32_8(acc);
+  for (; b < nb; ++b) block(b, _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d)), acc);
+  *out = hsum_f32_8(_mm256_add_ps(acc, acc_odd));
 #else
   float sum = 0.0f;
   int q[QK5_0];
@@ -94,19 +99,20 @@ void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q5_1* x = static_cast<const block_q5_1*>(vx);
   const block_q8_1* y = static_cast<const block_q8_1*>(vy);
   const int64_t nb = n / QK5_1;
-  float offsets = 0.0f;
 #if defined(__AVX2__)
   __m256 acc = _mm256_setzero_ps();
+  __m128 offsets = _mm_setzero_ps();  // lane 1 sums m s_y
   for (int64_t b = 0; b < nb; ++b) {
-    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    const __m128 scales = fp16_pair_products(x + b, y + b);  // d dy, m s_y
+    offsets = _mm_add_ps(offsets, scales);
+    const __m256 d = _mm256_broadcastss_ps(scales);
     const __m256i qx = unpack_q5_32(x[b].qh, x[b].qs);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
   }
-  *out = hsum_f32_8(acc) + offsets;
+  *out = hsum_f32_8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(offsets));
 #else
-  float sum = 0.0f;
+  float sum = 0.0f, offsets = 0.0f;
   int q[QK5_1];
   for (int64_t b = 0; b < nb; ++b) {
     unpack_q5(x[b].qh, x[b].qs, q);

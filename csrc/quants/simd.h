@@ -3,6 +3,7 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -83,6 +84,36 @@ inline __m256i bits_to_byte_mask_32(const uint8_t* bits) {
       _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// The f16 pairs (a0, a1) at a and (b0, b1) at b, converted together: lanes 0 and 1 of the
+// result are a0 b0 and a1 b1 (for blocks of the *_1 types: d dy and m s_y).
+inline __m128 fp16_pair_products(const void* a, const void* b) {
+  uint32_t a01, b01;
+  std::memcpy(&a01, a, 4);
+  std::memcpy(&b01, b, 4);
+  const __m128 all = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(b01), static_cast<int>(a01)));
+  return _mm_mul_ps(all, _mm_movehl_ps(all, all));
+}
+
+// Products a_i b_i, i < 8, of the f16 at a + i a_stride and the f16 at b + i b_stride (bytes):
+// the scales of 8 consecutive blocks, gathered in integer registers and converted at once, which
+// costs less than 16 single conversions.
+inline __m256 fp16_products_8(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+  auto gather4 = [](const uint8_t* p, size_t stride) {
+    uint64_t halves = 0;
+    for (int i = 0; i < 4; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + i * stride, 2);
+      halves |= static_cast<uint64_t>(h) << (16 * i);
+    }
+    return static_cast<long long>(halves);
+  };
+  const uint8_t* pa = static_cast<const uint8_t*>(a);
+  const uint8_t* pb = static_cast<const uint8_t*>(b);
+  const __m128i ha = _mm_set_epi64x(gather4(pa + 4 * a_stride, a_stride), gather4(pa, a_stride));
+  const __m128i hb = _mm_set_epi64x(gather4(pb + 4 * b_stride, b_stride), gather4(pb, b_stride));
+  return _mm256_mul_ps(_mm256_cvtph_ps(ha), _mm256_cvtph_ps(hb));
 }
 
 }  // namespace ember
