@@ -95,8 +95,7 @@ def cli_perplexity(args) -> int:
     tokens = tokenizer.encode(text, add_special=True)
     n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
     model = Model(gguf, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=args.ctx_size)
-    add_bos = gguf.metadata.get("tokenizer.ggml.add_bos_token", tokenizer.bos_id is not None)
-    bos = tokenizer.bos_id if add_bos else None
+    bos = tokenizer.bos_id if tokenizer.add_bos else None
     print(f"perplexity: {len(tokens)} tokens, {len(tokens) // args.ctx_size} chunks of {args.ctx_size}",
           file=sys.stderr)
     result = perplexity(model, tokens, args.ctx_size, bos, args.chunks, None if args.json else _progress_bar)
