@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ember
 from ember import _core
 from ember.quants import GGMLType, dequantize, quantize
 
 F32 = int(GGMLType.F32)
 ISAS = _core.available_isas()
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(params=ISAS)
@@ -467,7 +467,9 @@ def test_ops_on_the_batch_rows_reject_other_rows():
 # -- ISA selection -----------------------------------------------------------------------------
 
 def python_with(env_isa, code):
-    env = dict(os.environ, EMBER_ISA=env_isa, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The child imports ember from where this process did (the source tree or site-packages).
+    ember_root = str(Path(ember.__file__).resolve().parents[1])
+    env = dict(os.environ, EMBER_ISA=env_isa, PYTHONPATH=ember_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
