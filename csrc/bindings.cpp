@@ -5,10 +5,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "core/alloc_counter.h"
@@ -24,6 +27,8 @@ namespace {
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using ByteRows = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 GGMLType checked_type(int32_t type_id) {
   if (!type_supported(type_id)) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
@@ -273,6 +278,72 @@ float vec_dot(int32_t type_id, Bytes weight_row, F32Array x) {
   return out;
 }
 
+// Rows of src_type -> rows of dst_type on n_threads threads: each row is dequantized to F32
+// (unless it is F32) and quantized with dst_type's quantize_row. Threads take chunks of rows
+// from a shared counter, so uneven rows (or a busy core) do not hold the others up.
+void convert_rows_parallel(GGMLType src_type, const uint8_t* src, GGMLType dst_type, uint8_t* dst, int64_t n_rows,
+                           int64_t n_per_row, int n_threads) {
+  const KernelTable& table = active_kernels();
+  const DequantizeRowFn dequantize = table.of(src_type).dequantize_row;
+  const QuantizeRowFn quantize = table.of(dst_type).quantize_row;
+  const size_t src_row = row_bytes(src_type, n_per_row), dst_row = row_bytes(dst_type, n_per_row);
+  const int64_t chunk = std::max<int64_t>(1, 16384 / n_per_row);
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    std::vector<float> f32(src_type == GGMLType::F32 ? 0 : n_per_row);
+    for (int64_t first; (first = next.fetch_add(chunk)) < n_rows;) {
+      for (int64_t r = first; r < std::min(n_rows, first + chunk); ++r) {
+        const uint8_t* in = src + r * src_row;
+        const float* row = reinterpret_cast<const float*>(in);
+        if (src_type != GGMLType::F32) {
+          dequantize(in, f32.data(), n_per_row);
+          row = f32.data();
+        }
+        quantize(row, dst + r * dst_row, n_per_row);
+      }
+    }
+  };
+  const int64_t useful = (n_rows + chunk - 1) / chunk;
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < std::min<int64_t>(n_threads, useful); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+}
+
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>> convert_rows_checked(GGMLType src_type, const uint8_t* src,
+                                                                  size_t src_bytes, GGMLType dst_type,
+                                                                  int64_t n_rows, int64_t n_per_row, int n_threads) {
+  if (n_threads < 1 || n_threads > 1024) throw std::invalid_argument("n_threads must be between 1 and 1024");
+  if (!active_kernels().of(dst_type).quantize_row)
+    throw std::invalid_argument(std::string("no quantize_row kernel for ") + type_traits(dst_type).name);
+  if (!active_kernels().of(src_type).dequantize_row)
+    throw std::invalid_argument(std::string("no dequantize_row kernel for ") + type_traits(src_type).name);
+  const size_t src_row = checked_row_bytes(src_type, n_per_row), dst_row = checked_row_bytes(dst_type, n_per_row);
+  if (src_bytes != src_row * static_cast<size_t>(n_rows))
+    throw std::invalid_argument("rows are not n_per_row values of the source type");
+  uint8_t* out = new uint8_t[dst_row * n_rows];
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+  {
+    nb::gil_scoped_release release;
+    convert_rows_parallel(src_type, src, dst_type, out, n_rows, n_per_row, n_threads);
+  }
+  return nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>(out, {static_cast<size_t>(n_rows), dst_row}, owner);
+}
+
+// float32 rows (n_rows, n) -> (n_rows, row bytes of `type`), quantized on n_threads threads.
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>> quantize_rows(int32_t type_id, F32Rows x, int n_threads) {
+  const int64_t n_rows = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
+  return convert_rows_checked(GGMLType::F32, reinterpret_cast<const uint8_t*>(x.data()), x.nbytes(),
+                              checked_type(type_id), n_rows, n, n_threads);
+}
+
+// Raw rows of src_type (n_rows, row bytes), n values each -> rows of dst_type, on n_threads threads.
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>> convert_rows(int32_t src_type_id, ByteRows raw, int32_t dst_type_id,
+                                                          int64_t n_per_row, int n_threads) {
+  return convert_rows_checked(checked_type(src_type_id), raw.data(), raw.nbytes(), checked_type(dst_type_id),
+                              static_cast<int64_t>(raw.shape(0)), n_per_row, n_threads);
+}
+
 nb::dict cpu_flags() {
   const CpuFeatures& f = cpu_features();
   nb::dict d;
@@ -347,6 +418,8 @@ NB_MODULE(_core, m) {
 
   m.def("quantize_row", &quantize_row, "type"_a, "x"_a);
   m.def("dequantize_row", &dequantize_row, "type"_a, "raw"_a, "n"_a);
+  m.def("quantize_rows", &quantize_rows, "type"_a, "x"_a, "n_threads"_a = 1);
+  m.def("convert_rows", &convert_rows, "src_type"_a, "raw"_a, "dst_type"_a, "n_per_row"_a, "n_threads"_a = 1);
   m.def("vec_dot", &vec_dot, "type"_a, "weight_row"_a, "x"_a);
   m.def("cpu_flags", &cpu_flags);
   m.def("available_isas", &available_isas);

@@ -5,6 +5,7 @@
 // Dot: d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s (Q8_K's bsums carry the min term).
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_scales.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -71,10 +72,66 @@ void vec_dot_q2_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+EMBER_EXACT_FP_BEGIN
+
+// Q2_K/Q3_K: 2-bit levels, value 128 h + 32 j + i at bits 2 j of qs[32 h + i].
+inline void pack_2bit_levels(const uint8_t* L, uint8_t qs[QK_K / 4]) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* q = L + 128 * h;
+    for (int i = 0; i < 32; ++i)
+      qs[32 * h + i] = static_cast<uint8_t>(q[i] | q[i + 32] << 2 | q[i + 64] << 4 | q[i + 96] << 6);
+  }
+}
+
+// ggml's quantize_row_q2_K_ref: scale and min per sub-block of 16 (levels 0..3) from the weighted
+// search with weights |x| and absolute error; scales and mins quantized to 4 bits against the
+// largest of each; the values re-quantized with the stored ones.
+void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
+  block_q2_K* y = static_cast<block_q2_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    uint8_t L[QK_K];
+    float weights[16], scales[QK_K / 16], mins[QK_K / 16];
+    float max_scale = 0, max_min = 0;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      for (int i = 0; i < 16; ++i) weights[i] = std::fabs(x[16 * s + i]);
+      scales[s] = min_scale_search<true>(16, 3, x + 16 * s, weights, L + 16 * s, &mins[s], -0.5f, 0.1f, 15);
+      if (scales[s] > max_scale) max_scale = scales[s];
+      if (mins[s] > max_min) max_min = mins[s];
+    }
+    if (max_scale > 0) {
+      const float iscale = 15.f / max_scale;
+      for (int s = 0; s < QK_K / 16; ++s) y[b].scales[s] = static_cast<uint8_t>(nearest_int(iscale * scales[s]));
+      y[b].d = fp32_to_fp16(max_scale / 15.f);
+    } else {
+      std::fill(y[b].scales, y[b].scales + QK_K / 16, uint8_t{0});
+      y[b].d = fp32_to_fp16(0.f);
+    }
+    if (max_min > 0) {
+      const float iscale = 15.f / max_min;
+      for (int s = 0; s < QK_K / 16; ++s) y[b].scales[s] |= static_cast<uint8_t>(nearest_int(iscale * mins[s]) << 4);
+      y[b].dmin = fp32_to_fp16(max_min / 15.f);
+    } else {
+      y[b].dmin = fp32_to_fp16(0.f);
+    }
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const float d = fp16_to_fp32(y[b].d) * (y[b].scales[s] & 0xF);
+      if (d == 0.0f) continue;
+      const float dm = fp16_to_fp32(y[b].dmin) * (y[b].scales[s] >> 4);
+      for (int i = 0; i < 16; ++i)
+        L[16 * s + i] = static_cast<uint8_t>(clamp_int(nearest_int((x[16 * s + i] + dm) / d), 0, 3));
+    }
+    pack_2bit_levels(L, y[b].qs);
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q2_k(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q2_K)] = {GGMLType::Q8_K, dequantize_row_q2_k, nullptr, vec_dot_q2_k_q8_k};
+  t.types[static_cast<int>(GGMLType::Q2_K)] = {GGMLType::Q8_K, dequantize_row_q2_k, quantize_row_q2_k,
+                                               vec_dot_q2_k_q8_k};
 }
 
 }  // namespace EMBER_ISA_NS

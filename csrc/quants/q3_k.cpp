@@ -9,6 +9,7 @@
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_scales.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -105,10 +106,71 @@ void vec_dot_q3_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+EMBER_EXACT_FP_BEGIN
+
+// Q2_K/Q3_K: 2-bit levels, value 128 h + 32 j + i at bits 2 j of qs[32 h + i].
+inline void pack_2bit_levels(const uint8_t* L, uint8_t qs[QK_K / 4]) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* q = L + 128 * h;
+    for (int i = 0; i < 32; ++i)
+      qs[32 * h + i] = static_cast<uint8_t>(q[i] | q[i + 32] << 2 | q[i + 64] << 4 | q[i + 96] << 6);
+  }
+}
+
+// ggml's quantize_row_q3_K_ref: a symmetric scale per sub-block of 16 (levels -4..3, iterated
+// search), the 16 scales quantized to 6 bits (biased by 32) against the one of largest magnitude,
+// then the values re-quantized with the stored scales.
+void quantize_row_q3_k(const float* src, void* dst, int64_t n) {
+  block_q3_K* y = static_cast<block_q3_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    float max_scale = 0, amax = 0;
+    for (int s = 0; s < QK_K / 16; ++s) {
+      scales[s] = iterated_symmetric_scale(16, 4, x + 16 * s, L + 16 * s);
+      if (std::fabs(scales[s]) > amax) amax = std::fabs(scales[s]), max_scale = scales[s];
+    }
+    std::memset(y[b].scales, 0, sizeof(y[b].scales));
+    if (max_scale != 0.0f) {
+      const float iscale = -32.f / max_scale;
+      for (int s = 0; s < QK_K / 16; ++s) {
+        // ggml keeps the rounded scale in an int8_t before clamping; so does this
+        const int l = clamp_int(static_cast<int8_t>(nearest_int(iscale * scales[s])), -32, 31) + 32;
+        if (s < 8) y[b].scales[s] = static_cast<uint8_t>(l & 0xF);
+        else y[b].scales[s - 8] |= static_cast<uint8_t>((l & 0xF) << 4);
+        y[b].scales[8 + s % 4] |= static_cast<uint8_t>((l >> 4) << (2 * (s / 4)));
+      }
+      y[b].d = fp32_to_fp16(1 / iscale);
+    } else {
+      y[b].d = fp32_to_fp16(0.f);
+    }
+    const PackedScales stored = unpack_scales(y[b].scales);
+    for (int s = 0; s < QK_K / 16; ++s) {
+      const float d = fp16_to_fp32(y[b].d) * scale_of(stored, s);
+      if (d == 0.0f) continue;
+      for (int i = 0; i < 16; ++i)
+        L[16 * s + i] = static_cast<int8_t>(clamp_int(nearest_int(x[16 * s + i] / d), -4, 3) + 4);
+    }
+    // The bit worth 4 of value v goes to bit v / 32 of hmask[v % 32]; qs keeps the low 2 bits.
+    uint8_t low[QK_K];
+    std::memset(y[b].hmask, 0, sizeof(y[b].hmask));
+    for (int v = 0; v < QK_K; ++v) {
+      const int q = L[v];
+      if (q > 3) y[b].hmask[v % 32] |= static_cast<uint8_t>(1 << (v / 32));
+      low[v] = static_cast<uint8_t>(q > 3 ? q - 4 : q);
+    }
+    pack_2bit_levels(low, y[b].qs);
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q3_k(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q3_K)] = {GGMLType::Q8_K, dequantize_row_q3_k, nullptr, vec_dot_q3_k_q8_k};
+  t.types[static_cast<int>(GGMLType::Q3_K)] = {GGMLType::Q8_K, dequantize_row_q3_k, quantize_row_q3_k,
+                                               vec_dot_q3_k_q8_k};
 }
 
 }  // namespace EMBER_ISA_NS

@@ -1,8 +1,12 @@
 // Q4_0 and Q4_1. A block holds 32 weights as nibbles: qs[j] low nibble is element j, high
 // nibble element j + 16. Q4_0: value = d * (q - 8), dotted with Q8_0 activations.
 // Q4_1: value = d * q + m, dotted with Q8_1 activations: sum = d dy sum(q qy) + m s_y.
+#include <algorithm>
+#include <cfloat>
+
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/exact_fp.h"
 #include "quants/simd.h"
 #include "quants/tile.h"
 
@@ -115,11 +119,52 @@ struct Q4_1Tile {
 };
 #endif
 
+EMBER_EXACT_FP_BEGIN
+
+// ggml's quantize_row_q4_0_ref: d = (value of largest magnitude) / -8, q = min(15, trunc(x / d + 8.5)).
+void quantize_row_q4_0(const float* src, void* dst, int64_t n) {
+  block_q4_0* y = static_cast<block_q4_0*>(dst);
+  for (int64_t b = 0; b < n / QK4_0; ++b) {
+    const float* x = src + b * QK4_0;
+    const float d = signed_absmax(x, QK4_0) / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      const int lo = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+      const int hi = std::min(15, static_cast<int>(x[j + QK4_0 / 2] * id + 8.5f));
+      y[b].qs[j] = static_cast<uint8_t>(lo | hi << 4);
+    }
+  }
+}
+
+// ggml's quantize_row_q4_1_ref: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)).
+void quantize_row_q4_1(const float* src, void* dst, int64_t n) {
+  block_q4_1* y = static_cast<block_q4_1*>(dst);
+  for (int64_t b = 0; b < n / QK4_1; ++b) {
+    const float* x = src + b * QK4_1;
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK4_1; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
+    const float d = (max - min) / 15;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    y[b].m = fp32_to_fp16(min);
+    for (int j = 0; j < QK4_1 / 2; ++j) {
+      const int lo = std::min(15, static_cast<int>((x[j] - min) * id + 0.5f));
+      const int hi = std::min(15, static_cast<int>((x[j + QK4_1 / 2] - min) * id + 0.5f));
+      y[b].qs[j] = static_cast<uint8_t>(lo | hi << 4);
+    }
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q4(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q4_0)] = {GGMLType::Q8_0, dequantize_row_q4_0, nullptr, vec_dot_q4_0_q8_0};
-  t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, nullptr, vec_dot_q4_1_q8_1};
+  t.types[static_cast<int>(GGMLType::Q4_0)] = {GGMLType::Q8_0, dequantize_row_q4_0, quantize_row_q4_0,
+                                               vec_dot_q4_0_q8_0};
+  t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, quantize_row_q4_1,
+                                               vec_dot_q4_1_q8_1};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q4_0)].gemm_tile = gemm_tile<Q4_0Tile>;
   t.types[static_cast<int>(GGMLType::Q4_1)].gemm_tile = gemm_tile<Q4_1Tile>;

@@ -6,6 +6,7 @@
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_scales.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -62,6 +63,27 @@ void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
     }
   }
 }
+
+EMBER_EXACT_FP_BEGIN
+
+// ggml's quantize_row_q4_K_ref. Each sub-block of 32 gets a scale and min from the weighted
+// search (weights: the sub-block's rms plus |x|); the 8 scales and 8 mins are then quantized to 6
+// bits against the largest of each, and the values re-quantized with those rounded scales.
+void quantize_row_q4_k(const float* src, void* dst, int64_t n) {
+  block_q4_K* y = static_cast<block_q4_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    uint8_t L[QK_K];
+    float scales[8], mins[8];
+    sub_block_scales_k(x, 15, -1.0f, 20, L, scales, mins);
+    pack_scales_mins_k(scales, mins, y[b].scales, y[b].d, y[b].dmin);
+    levels_for_packed_scales_k(x, y[b].scales, y[b].d, y[b].dmin, 15, L);
+    for (int c = 0; c < QK_K / 64; ++c)
+      for (int l = 0; l < 32; ++l) y[b].qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | L[64 * c + 32 + l] << 4);
+  }
+}
+
+EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
 // One super-block: dy d sum_j scale_j sum(q qy) as 8 float lanes (to be summed), and the min
@@ -133,7 +155,8 @@ void vec_dot_q4_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 }  // namespace
 
 void register_q4_k(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q4_K)] = {GGMLType::Q8_K, dequantize_row_q4_k, nullptr, vec_dot_q4_k_q8_k};
+  t.types[static_cast<int>(GGMLType::Q4_K)] = {GGMLType::Q8_K, dequantize_row_q4_k, quantize_row_q4_k,
+                                               vec_dot_q4_k_q8_k};
 }
 
 }  // namespace EMBER_ISA_NS

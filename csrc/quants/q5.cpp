@@ -3,10 +3,13 @@
 // u32 whose bit j belongs to element j.
 // Q5_0: value = d * (q - 16), dotted with Q8_0 activations.
 // Q5_1: value = d * q + m, dotted with Q8_1 activations: sum = d dy sum(q qy) + m s_y.
+#include <algorithm>
+#include <cfloat>
 #include <cstring>
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/exact_fp.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -125,11 +128,58 @@ void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+EMBER_EXACT_FP_BEGIN
+
+// Low nibbles into qs (element j low, j + 16 high), fifth bits into qh.
+inline void pack_q5(const int q[32], uint8_t qh[4], uint8_t qs[16]) {
+  uint32_t bits = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+    bits |= static_cast<uint32_t>((q[j] >> 4) & 1) << j | static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  std::memcpy(qh, &bits, 4);
+}
+
+// ggml's quantize_row_q5_0_ref: d = (value of largest magnitude) / -16, q = min(31, trunc(x / d + 16.5)).
+void quantize_row_q5_0(const float* src, void* dst, int64_t n) {
+  block_q5_0* y = static_cast<block_q5_0*>(dst);
+  for (int64_t b = 0; b < n / QK5_0; ++b) {
+    const float* x = src + b * QK5_0;
+    const float d = signed_absmax(x, QK5_0) / -16;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    int q[QK5_0];
+    for (int j = 0; j < QK5_0; ++j) q[j] = std::min(31, static_cast<int>(x[j] * id + 16.5f));
+    pack_q5(q, y[b].qh, y[b].qs);
+  }
+}
+
+// ggml's quantize_row_q5_1_ref: d = (max - min) / 31, m = min, q = trunc((x - min) / d + 0.5).
+void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
+  block_q5_1* y = static_cast<block_q5_1*>(dst);
+  for (int64_t b = 0; b < n / QK5_1; ++b) {
+    const float* x = src + b * QK5_1;
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK5_1; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
+    const float d = (max - min) / 31;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    y[b].m = fp32_to_fp16(min);
+    int q[QK5_1];
+    for (int j = 0; j < QK5_1; ++j) q[j] = static_cast<int>((x[j] - min) * id + 0.5f);
+    pack_q5(q, y[b].qh, y[b].qs);
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q5(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q5_0)] = {GGMLType::Q8_0, dequantize_row_q5_0, nullptr, vec_dot_q5_0_q8_0};
-  t.types[static_cast<int>(GGMLType::Q5_1)] = {GGMLType::Q8_1, dequantize_row_q5_1, nullptr, vec_dot_q5_1_q8_1};
+  t.types[static_cast<int>(GGMLType::Q5_0)] = {GGMLType::Q8_0, dequantize_row_q5_0, quantize_row_q5_0,
+                                               vec_dot_q5_0_q8_0};
+  t.types[static_cast<int>(GGMLType::Q5_1)] = {GGMLType::Q8_1, dequantize_row_q5_1, quantize_row_q5_1,
+                                               vec_dot_q5_1_q8_1};
 }
 
 }  // namespace EMBER_ISA_NS

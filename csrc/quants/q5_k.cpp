@@ -9,6 +9,7 @@
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_scales.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -103,10 +104,37 @@ void vec_dot_q5_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+EMBER_EXACT_FP_BEGIN
+
+// ggml's quantize_row_q5_K_ref: as Q4_K (see q4_k.cpp) with levels 0..31, the fifth bit in qh.
+void quantize_row_q5_k(const float* src, void* dst, int64_t n) {
+  block_q5_K* y = static_cast<block_q5_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    uint8_t L[QK_K];
+    float scales[8], mins[8];
+    sub_block_scales_k(x, 31, -0.5f, 15, L, scales, mins);
+    pack_scales_mins_k(scales, mins, y[b].scales, y[b].d, y[b].dmin);
+    levels_for_packed_scales_k(x, y[b].scales, y[b].d, y[b].dmin, 31, L);
+    std::memset(y[b].qh, 0, sizeof(y[b].qh));
+    for (int s = 0; s < 8; ++s) {
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t q = L[32 * s + i];
+        y[b].qh[i] |= static_cast<uint8_t>((q >> 4) << s);
+        if (s % 2 == 0) y[b].qs[32 * (s / 2) + i] = q & 0x0F;
+        else y[b].qs[32 * (s / 2) + i] |= static_cast<uint8_t>((q & 0x0F) << 4);
+      }
+    }
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q5_k(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q5_K)] = {GGMLType::Q8_K, dequantize_row_q5_k, nullptr, vec_dot_q5_k_q8_k};
+  t.types[static_cast<int>(GGMLType::Q5_K)] = {GGMLType::Q8_K, dequantize_row_q5_k, quantize_row_q5_k,
+                                               vec_dot_q5_k_q8_k};
 }
 
 }  // namespace EMBER_ISA_NS

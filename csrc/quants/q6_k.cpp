@@ -6,6 +6,7 @@
 // sum = d dy sum_j scale_j (sum(q qy) - 32 sum(qy)), sum(qy) from the bsums.
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_scales.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -104,10 +105,57 @@ void vec_dot_q6_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 #endif
 }
 
+EMBER_EXACT_FP_BEGIN
+
+// ggml's quantize_row_q6_K_ref: a symmetric scale per sub-block of 16 (levels -32..31), the 16
+// scales quantized to int8 against the one of largest magnitude (which maps to -128), then the
+// values re-quantized with the stored scales.
+void quantize_row_q6_k(const float* src, void* dst, int64_t n) {
+  block_q6_K* y = static_cast<block_q6_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int j = 0; j < QK_K / 16; ++j) {
+      scales[j] = symmetric_scale(16, 32, x + 16 * j, L + 16 * j);
+      if (std::fabs(scales[j]) > max_abs_scale) max_abs_scale = std::fabs(scales[j]), max_scale = scales[j];
+    }
+    if (max_abs_scale < kGroupMaxEps) {
+      y[b] = block_q6_K{};
+      continue;
+    }
+    const float iscale = -128.f / max_scale;
+    y[b].d = fp32_to_fp16(1 / iscale);
+    for (int j = 0; j < QK_K / 16; ++j)
+      y[b].scales[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[j])));
+    for (int j = 0; j < QK_K / 16; ++j) {
+      const float d = fp16_to_fp32(y[b].d) * y[b].scales[j];
+      if (d == 0.0f) continue;
+      for (int i = 0; i < 16; ++i)
+        L[16 * j + i] = static_cast<int8_t>(clamp_int(nearest_int(x[16 * j + i] / d), -32, 31) + 32);
+    }
+    // Half h: ql[64 h + l] = element 128 h + l (low nibble) and + 64 (high), ql[64 h + 32 + l] the
+    // same for + 32 and + 96; qh[32 h + l] holds the top 2 bits of elements 128 h + l + 32 k at bit 2 k.
+    for (int h = 0; h < 2; ++h) {
+      const int8_t* q = L + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        y[b].ql[64 * h + l] = static_cast<uint8_t>((q[l] & 0xF) | (q[l + 64] & 0xF) << 4);
+        y[b].ql[64 * h + 32 + l] = static_cast<uint8_t>((q[l + 32] & 0xF) | (q[l + 96] & 0xF) << 4);
+        y[b].qh[32 * h + l] = static_cast<uint8_t>(q[l] >> 4 | (q[l + 32] >> 4) << 2 | (q[l + 64] >> 4) << 4 |
+                                                    (q[l + 96] >> 4) << 6);
+      }
+    }
+  }
+}
+
+EMBER_EXACT_FP_END
+
 }  // namespace
 
 void register_q6_k(KernelTable& t) {
-  t.types[static_cast<int>(GGMLType::Q6_K)] = {GGMLType::Q8_K, dequantize_row_q6_k, nullptr, vec_dot_q6_k_q8_k};
+  t.types[static_cast<int>(GGMLType::Q6_K)] = {GGMLType::Q8_K, dequantize_row_q6_k, quantize_row_q6_k,
+                                               vec_dot_q6_k_q8_k};
 }
 
 }  // namespace EMBER_ISA_NS
