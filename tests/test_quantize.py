@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import ember
 from ember import _core
 from ember.cli import main
 from ember.gguf import GGUFWriter, open_gguf
@@ -37,7 +38,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 T = GGMLType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K, "Q6_K": T.Q6_K}  # --pure preset -> type
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(ember.__file__).resolve().parent.parent  # where this process imports ember from
 
 
 @pytest.fixture(params=_core.available_isas())
