@@ -509,7 +509,6 @@ def test_a_client_that_disconnects_frees_its_slot_within_a_step(server):
         for line in response.iter_lines():
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break  # the first generated text
-        assert eventually(lambda: metric(server, "ember_requests_running") == 1)
         steps_at_disconnect = metric(server, "ember_decode_steps_total")
     assert eventually(lambda: metric(server, "ember_requests_running") == 0)
     assert metric(server, "ember_decode_steps_total") - steps_at_disconnect <= 2
