@@ -41,7 +41,7 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
     const int64_t r0 = tile * kRowTile, r1 = std::min(N, r0 + kRowTile);
     for (int64_t c0 = 0; c0 < M; c0 += kColTile) {
       const int64_t c1 = std::min(M, c0 + kColTile);
-      if (tk.gemm_tile && M > 1) {
+      if (tk.gemm_tile) {
         tk.gemm_tile(K, out + c0 * out_stride + r0, out_stride, weights + r0 * w.row_stride, w.row_stride,
                      act + c0 * act_stride, act_stride, static_cast<int>(r1 - r0), static_cast<int>(c1 - c0));
         continue;

@@ -41,17 +41,6 @@ void vec_dot_q4_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q4_0* x = static_cast<const block_q4_0*>(vx);
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK4_0;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
-    const __m256i qx = _mm256_sub_epi8(unpack_nibbles_32(x[b].qs), eight);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
-  }
-  *out = hsum_f32_8(acc);
-#else
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int isum = 0;
@@ -62,26 +51,13 @@ void vec_dot_q4_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
     sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
   }
   *out = sum;
-#endif
 }
 
 void vec_dot_q4_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q4_1* x = static_cast<const block_q4_1*>(vx);
   const block_q8_1* y = static_cast<const block_q8_1*>(vy);
   const int64_t nb = n / QK4_1;
-  float offsets = 0.0f;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
-    const __m256i qx = unpack_nibbles_32(x[b].qs);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
-  }
-  *out = hsum_f32_8(acc) + offsets;
-#else
-  float sum = 0.0f;
+  float sum = 0.0f, offsets = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int isum = 0;
     for (int j = 0; j < QK4_1 / 2; ++j) {
@@ -92,7 +68,6 @@ void vec_dot_q4_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
     offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
   }
   *out = sum + offsets;
-#endif
 }
 
 #if defined(__AVX2__)
@@ -100,11 +75,9 @@ struct Q4_0Tile {
   using BX = block_q4_0;
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
-  static __m256i unpack(const BX& b) { return _mm256_sub_epi8(unpack_nibbles_32(b.qs), _mm256_set1_epi8(8)); }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_i8_i8_f32(qx, qy); }
-  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
-  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
-  static float offset(const BX&, const BY&) { return 0.0f; }
+  static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
+  static __m256i y_sums(__m256i qy) { return zero_point_sums(qy, 8); }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i ys) { return dot_offset_u8_i8_f32(qx, qy, ys); }
 };
 
 struct Q4_1Tile {
@@ -112,10 +85,8 @@ struct Q4_1Tile {
   using BY = block_q8_1;
   static constexpr bool kOffset = true;
   static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_u8_i8_f32(qx, qy); }
-  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
-  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
-  static float offset(const BX& x, const BY& y) { return fp16_to_fp32(x.m) * fp16_to_fp32(y.s); }
+  static __m256i y_sums(__m256i qy) { return qy; }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_u8_i8_f32(qx, qy); }
 };
 #endif
 
@@ -166,7 +137,9 @@ void register_q4(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, quantize_row_q4_1,
                                                vec_dot_q4_1_q8_1};
 #if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q4_0)].vec_dot = vec_dot_tile<Q4_0Tile>;
   t.types[static_cast<int>(GGMLType::Q4_0)].gemm_tile = gemm_tile<Q4_0Tile>;
+  t.types[static_cast<int>(GGMLType::Q4_1)].vec_dot = vec_dot_tile<Q4_1Tile>;
   t.types[static_cast<int>(GGMLType::Q4_1)].gemm_tile = gemm_tile<Q4_1Tile>;
 #endif
 }

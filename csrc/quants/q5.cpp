@@ -11,6 +11,7 @@
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
 #include "quants/simd.h"
+#include "quants/tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -32,13 +33,6 @@ inline void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int q[32]) {
 inline __m256i unpack_q5_32(const uint8_t qh[4], const uint8_t qs[16]) {
   const __m256i fifth = _mm256_and_si256(bits_to_byte_mask_32(qh), _mm256_set1_epi8(0x10));
   return _mm256_or_si256(unpack_nibbles_32(qs), fifth);
-}
-
-// The 32 values of a block minus 16, as signed bytes: a clear fifth bit turns the nibble n
-// into n - 16, which is n | 0xF0 in two's complement; a set one leaves n.
-inline __m256i unpack_q5_centered_32(const uint8_t qh[4], const uint8_t qs[16]) {
-  const __m256i borrow = _mm256_andnot_si256(bits_to_byte_mask_32(qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
-  return _mm256_or_si256(unpack_nibbles_32(qs), borrow);
 }
 #endif
 
@@ -66,26 +60,6 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q5_0* x = static_cast<const block_q5_0*>(vx);
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK5_0;
-#if defined(__AVX2__)
-  auto block = [&](int64_t b, __m256 d, __m256& into) {
-    const __m256i qx = unpack_q5_centered_32(x[b].qh, x[b].qs);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    into = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), into);
-  };
-  // Scales 8 blocks at a time; two accumulators hide the FMA latency.
-  __m256 acc = _mm256_setzero_ps(), acc_odd = _mm256_setzero_ps();
-  alignas(32) float d8[8];
-  int64_t b = 0;
-  for (; b + 7 < nb; b += 8) {
-    _mm256_store_ps(d8, fp16_products_8(x + b, sizeof(block_q5_0), y + b, sizeof(block_q8_0)));
-    for (int i = 0; i < 8; i += 2) {
-      block(b + i, _mm256_broadcast_ss(d8 + i), acc);
-      block(b + i + 1, _mm256_broadcast_ss(d8 + i + 1), acc_odd);
-    }
-  }
-  for (; b < nb; ++b) block(b, _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d)), acc);
-  *out = hsum_f32_8(_mm256_add_ps(acc, acc_odd));
-#else
   float sum = 0.0f;
   int q[QK5_0];
   for (int64_t b = 0; b < nb; ++b) {
@@ -95,26 +69,12 @@ void vec_dot_q5_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
     sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
   }
   *out = sum;
-#endif
 }
 
 void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q5_1* x = static_cast<const block_q5_1*>(vx);
   const block_q8_1* y = static_cast<const block_q8_1*>(vy);
   const int64_t nb = n / QK5_1;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  __m128 offsets = _mm_setzero_ps();  // lane 1 sums m s_y
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128 scales = fp16_pair_products(x + b, y + b);  // d dy, m s_y
-    offsets = _mm_add_ps(offsets, scales);
-    const __m256 d = _mm256_broadcastss_ps(scales);
-    const __m256i qx = unpack_q5_32(x[b].qh, x[b].qs);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_u8_i8_f32(qx, qy), acc);
-  }
-  *out = hsum_f32_8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(offsets));
-#else
   float sum = 0.0f, offsets = 0.0f;
   int q[QK5_1];
   for (int64_t b = 0; b < nb; ++b) {
@@ -125,8 +85,27 @@ void vec_dot_q5_1_q8_1(int64_t n, float* out, const void* vx, const void* vy) {
     offsets += fp16_to_fp32(x[b].m) * fp16_to_fp32(y[b].s);
   }
   *out = sum + offsets;
-#endif
 }
+
+#if defined(__AVX2__)
+struct Q5_0Tile {
+  using BX = block_q5_0;
+  using BY = block_q8_0;
+  static constexpr bool kOffset = false;
+  static __m256i unpack(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
+  static __m256i y_sums(__m256i qy) { return zero_point_sums(qy, 16); }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i ys) { return dot_offset_u8_i8_f32(qx, qy, ys); }
+};
+
+struct Q5_1Tile {
+  using BX = block_q5_1;
+  using BY = block_q8_1;
+  static constexpr bool kOffset = true;
+  static __m256i unpack(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
+  static __m256i y_sums(__m256i qy) { return qy; }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_u8_i8_f32(qx, qy); }
+};
+#endif
 
 EMBER_EXACT_FP_BEGIN
 
@@ -180,6 +159,12 @@ void register_q5(KernelTable& t) {
                                                vec_dot_q5_0_q8_0};
   t.types[static_cast<int>(GGMLType::Q5_1)] = {GGMLType::Q8_1, dequantize_row_q5_1, quantize_row_q5_1,
                                                vec_dot_q5_1_q8_1};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q5_0)].vec_dot = vec_dot_tile<Q5_0Tile>;
+  t.types[static_cast<int>(GGMLType::Q5_0)].gemm_tile = gemm_tile<Q5_0Tile>;
+  t.types[static_cast<int>(GGMLType::Q5_1)].vec_dot = vec_dot_tile<Q5_1Tile>;
+  t.types[static_cast<int>(GGMLType::Q5_1)].gemm_tile = gemm_tile<Q5_1Tile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS

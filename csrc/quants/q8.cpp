@@ -65,16 +65,6 @@ void vec_dot_q8_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q8_0* x = static_cast<const block_q8_0*>(vx);
   const block_q8_0* y = static_cast<const block_q8_0*>(vy);
   const int64_t nb = n / QK8_0;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    acc = _mm256_fmadd_ps(d, dot_i8_i8_f32(qx, qy), acc);
-  }
-  *out = hsum_f32_8(acc);
-#else
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int isum = 0;
@@ -82,7 +72,6 @@ void vec_dot_q8_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
     sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
   }
   *out = sum;
-#endif
 }
 
 #if defined(__AVX2__)
@@ -91,10 +80,8 @@ struct Q8_0Tile {
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
   static __m256i unpack(const BX& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
-  static __m256 dot(__m256i qx, __m256i qy) { return dot_i8_i8_f32(qx, qy); }
-  static float dx(const BX& b) { return fp16_to_fp32(b.d); }
-  static float dy(const BY& b) { return fp16_to_fp32(b.d); }
-  static float offset(const BX&, const BY&) { return 0.0f; }
+  static __m256i y_sums(__m256i qy) { return qy; }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_i8_i8_f32(qx, qy); }
 };
 #endif
 
@@ -105,6 +92,7 @@ void register_q8(KernelTable& t) {
                                                vec_dot_q8_0_q8_0};
   t.types[static_cast<int>(GGMLType::Q8_1)] = {GGMLType::Q8_1, dequantize_row_q8_1, quantize_row_q8_1, nullptr};
 #if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q8_0)].vec_dot = vec_dot_tile<Q8_0Tile>;
   t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
 #endif
 }

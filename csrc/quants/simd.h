@@ -42,6 +42,16 @@ inline __m256i dot_i8_i8_i32(__m256i x, __m256i y) {
 }
 inline __m256 dot_i8_i8_f32(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_i8_i8_i32(x, y)); }
 
+// For weights stored as q + zero with q unsigned (Q4_0: zero = -8, Q5_0: -16): the per-lane sums
+// zero_magnitude * sy, computed once per activation block, and the signed dot product from the
+// unsigned one, exactly: sum (q - z) y = sum q y - z sum y, with no sign tricks per weight row.
+inline __m256i zero_point_sums(__m256i sy, int zero_magnitude) {
+  return dot_u8_i8_i32(_mm256_set1_epi8(static_cast<char>(zero_magnitude)), sy);
+}
+inline __m256 dot_offset_u8_i8_f32(__m256i ax, __m256i sy, __m256i zero_sums) {
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(dot_u8_i8_i32(ax, sy), zero_sums));
+}
+
 // acc + sums of adjacent products of int16 a and b, as 8 int32 lanes (vpdpwssd where available).
 inline __m256i madd_acc_i16(__m256i acc, __m256i a, __m256i b) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -84,36 +94,6 @@ inline __m256i bits_to_byte_mask_32(const uint8_t* bits) {
       _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-}
-
-// The f16 pairs (a0, a1) at a and (b0, b1) at b, converted together: lanes 0 and 1 of the
-// result are a0 b0 and a1 b1 (for blocks of the *_1 types: d dy and m s_y).
-inline __m128 fp16_pair_products(const void* a, const void* b) {
-  uint32_t a01, b01;
-  std::memcpy(&a01, a, 4);
-  std::memcpy(&b01, b, 4);
-  const __m128 all = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(b01), static_cast<int>(a01)));
-  return _mm_mul_ps(all, _mm_movehl_ps(all, all));
-}
-
-// Products a_i b_i, i < 8, of the f16 at a + i a_stride and the f16 at b + i b_stride (bytes):
-// the scales of 8 consecutive blocks, gathered in integer registers and converted at once, which
-// costs less than 16 single conversions.
-inline __m256 fp16_products_8(const void* a, size_t a_stride, const void* b, size_t b_stride) {
-  auto gather4 = [](const uint8_t* p, size_t stride) {
-    uint64_t halves = 0;
-    for (int i = 0; i < 4; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + i * stride, 2);
-      halves |= static_cast<uint64_t>(h) << (16 * i);
-    }
-    return static_cast<long long>(halves);
-  };
-  const uint8_t* pa = static_cast<const uint8_t*>(a);
-  const uint8_t* pb = static_cast<const uint8_t*>(b);
-  const __m128i ha = _mm_set_epi64x(gather4(pa + 4 * a_stride, a_stride), gather4(pa, a_stride));
-  const __m128i hb = _mm_set_epi64x(gather4(pb + 4 * b_stride, b_stride), gather4(pb, b_stride));
-  return _mm256_mul_ps(_mm256_cvtph_ps(ha), _mm256_cvtph_ps(hb));
 }
 
 }  // namespace ember
