@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_tile.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -86,50 +87,65 @@ void quantize_row_q4_k(const float* src, void* dst, int64_t n) {
 EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
-// One super-block: dy d sum_j scale_j sum(q qy) as 8 float lanes (to be summed), and the min
-// term dy dmin sum_j min_j sum(qy) as 8 float lanes.
-inline void dot_block_q4_k(const block_q4_K& x, const block_q8_K& y, __m256& acc, __m256& acc_min) {
-  // Words scales 0-3, mins 0-3 | scales 4-7, mins 4-7, then each duplicated into a 32-bit pair.
-  const ScalesMins sm = unpack_scales_mins(x.scales);
-  const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(static_cast<long long>(sm.second), static_cast<long long>(sm.first)));
-  const __m256i scale_pairs = _mm256_unpacklo_epi16(sm16, sm16);  // scales 0-3 | scales 4-7
-  const __m256i min_pairs = _mm256_unpackhi_epi16(sm16, sm16);    // mins 0-3 | mins 4-7
-
-  // Mins: min j against bsums 2j and 2j + 1.
-  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-  acc_min = _mm256_fmadd_ps(_mm256_set1_ps(y.d * fp16_to_fp32(x.dmin)), _mm256_cvtepi32_ps(_mm256_madd_epi16(min_pairs, bsums)), acc_min);
-
-  // Scales in both lanes; scale j is broadcast by a dword shuffle.
-  const __m256i scales_0123 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x00);
-  const __m256i scales_4567 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x11);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256i sumi = _mm256_setzero_si256();
-  auto chunk = [&](int c, __m256i scale_lo, __m256i scale_hi) {
-    const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * c));
-    const __m256i qy_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c));
-    const __m256i qy_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c + 32));
-    const __m256i p_lo = _mm256_maddubs_epi16(_mm256_and_si256(q4, low4), qy_lo);
-    const __m256i p_hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q4, 4), low4), qy_hi);
-    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo), _mm256_madd_epi16(p_hi, scale_hi)));
+// dy (d sum_j scale_j sum(q qy) - dmin sum_j min_j sum(qy)) for one weight super-block and C
+// activation blocks: the scale term and the min term each as 8 float lanes (to be summed and
+// subtracted at the end). Each chunk of quants is unpacked once for all C.
+struct Q4KTile {
+  using BX = block_q4_K;
+  using BY = block_q8_K;
+  struct Acc {
+    __m256 scaled, mins;
   };
-  chunk(0, _mm256_shuffle_epi32(scales_0123, 0x00), _mm256_shuffle_epi32(scales_0123, 0x55));
-  chunk(1, _mm256_shuffle_epi32(scales_0123, 0xAA), _mm256_shuffle_epi32(scales_0123, 0xFF));
-  chunk(2, _mm256_shuffle_epi32(scales_4567, 0x00), _mm256_shuffle_epi32(scales_4567, 0x55));
-  chunk(3, _mm256_shuffle_epi32(scales_4567, 0xAA), _mm256_shuffle_epi32(scales_4567, 0xFF));
-  acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * fp16_to_fp32(x.d)), _mm256_cvtepi32_ps(sumi), acc);
-}
+  static Acc init() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+  template <int C>
+  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+    // Words scales 0-3, mins 0-3 | scales 4-7, mins 4-7, then each duplicated into a 32-bit pair.
+    const ScalesMins sm = unpack_scales_mins(x.scales);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(static_cast<long long>(sm.second), static_cast<long long>(sm.first)));
+    const __m256i scale_pairs = _mm256_unpacklo_epi16(sm16, sm16);  // scales 0-3 | scales 4-7
+    const __m256i min_pairs = _mm256_unpackhi_epi16(sm16, sm16);    // mins 0-3 | mins 4-7
+    const float d = fp16_to_fp32(x.d), dmin = fp16_to_fp32(x.dmin);
+
+    // Mins: min j against bsums 2j and 2j + 1.
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      acc[c].mins = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(min_pairs, bsums)), acc[c].mins);
+    }
+
+    // Scales in both lanes; scale j is broadcast by a dword shuffle.
+    const __m256i scales_0123 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x00);
+    const __m256i scales_4567 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x11);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i sumi[C];
+    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+    auto chunk = [&](int k, __m256i scale_lo, __m256i scale_hi) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+      const __m256i lo = _mm256_and_si256(q4, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      for (int c = 0; c < C; ++c) {
+        const __m256i qy_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k));
+        const __m256i qy_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k + 32));
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, qy_lo);
+        const __m256i p_hi = _mm256_maddubs_epi16(hi, qy_hi);
+        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo), _mm256_madd_epi16(p_hi, scale_hi)));
+      }
+    };
+    chunk(0, _mm256_shuffle_epi32(scales_0123, 0x00), _mm256_shuffle_epi32(scales_0123, 0x55));
+    chunk(1, _mm256_shuffle_epi32(scales_0123, 0xAA), _mm256_shuffle_epi32(scales_0123, 0xFF));
+    chunk(2, _mm256_shuffle_epi32(scales_4567, 0x00), _mm256_shuffle_epi32(scales_4567, 0x55));
+    chunk(3, _mm256_shuffle_epi32(scales_4567, 0xAA), _mm256_shuffle_epi32(scales_4567, 0xFF));
+    for (int c = 0; c < C; ++c)
+      acc[c].scaled = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c].scaled);
+  }
+
+  static float finish(const Acc& acc) { return hsum_f32_8(_mm256_sub_ps(acc.scaled, acc.mins)); }
+};
 #endif
 
 void vec_dot_q4_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q4_K* x = static_cast<const block_q4_K*>(vx);
   const block_q8_K* y = static_cast<const block_q8_K*>(vy);
   const int64_t nb = n / QK_K;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  __m256 acc_min = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) dot_block_q4_k(x[b], y[b], acc, acc_min);
-  *out = hsum_f32_8(_mm256_sub_ps(acc, acc_min));
-#else
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t scales[8], mins[8];
@@ -149,7 +165,6 @@ void vec_dot_q4_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
     sum += y[b].d * (fp16_to_fp32(x[b].d) * scaled - fp16_to_fp32(x[b].dmin) * offset);
   }
   *out = sum;
-#endif
 }
 
 }  // namespace
@@ -157,6 +172,10 @@ void vec_dot_q4_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 void register_q4_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_K)] = {GGMLType::Q8_K, dequantize_row_q4_k, quantize_row_q4_k,
                                                vec_dot_q4_k_q8_k};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q4_K)].vec_dot = vec_dot_k_tile<Q4KTile>;
+  t.types[static_cast<int>(GGMLType::Q4_K)].gemm_tile = gemm_tile_k<Q4KTile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS

@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_tile.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -45,48 +46,57 @@ inline __m256i pick_scale_pair(__m256i scales, int k) {
   return _mm256_shuffle_epi8(scales, _mm256_set_m128i(hi, lo));
 }
 
-// One super-block: d dy sum_j scale_j (sum(q qy) - 32 sum(qy)), as 8 float lanes to be summed.
-inline __m256 dot_block_q6_k(const block_q6_K& x, const block_q8_K& y, __m256 acc) {
-  const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
-  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-  const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 scale_j sum(qy)
+// d dy sum_j scale_j (sum(q qy) - 32 sum(qy)) for one weight super-block and C activation
+// blocks, as 8 float lanes to be summed. Each half block is unpacked once for all C.
+struct Q6KTile {
+  using BX = block_q6_K;
+  using BY = block_q8_K;
+  using Acc = __m256;
+  static Acc init() { return _mm256_setzero_ps(); }
 
-  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
-  __m256i sumi = _mm256_setzero_si256();
-  for (int h = 0; h < 2; ++h) {
-    const __m256i scales = _mm256_permute2x128_si256(scales16, scales16, h == 0 ? 0x00 : 0x11);
-    const uint8_t* ql = x.ql + 64 * h;
-    const int8_t* qy = y.qs + 128 * h;
-    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
-    // Bits 2k..2k+1 of qh moved to bits 4..5 (16-bit shifts: the mask drops what crosses bytes).
-    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
-    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
-    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, top2));
-    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
-    const __m256i q[4] = {q0, q1, q2, q3};
-    for (int k = 0; k < 4; ++k) {
-      const __m256i qyk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * k));
-      const __m256i p = _mm256_maddubs_epi16(q[k], qyk);
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pick_scale_pair(scales, 2 * k)));
+  template <int C>
+  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    __m256i sumi[C];
+    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = _mm256_permute2x128_si256(scales16, scales16, h == 0 ? 0x00 : 0x11);
+      const uint8_t* ql = x.ql + 64 * h;
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
+      // Bits 2k..2k+1 of qh moved to bits 4..5 (16-bit shifts: the mask drops what crosses bytes).
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, top2));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+      const __m256i q[4] = {q0, q1, q2, q3};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i scale = pick_scale_pair(scales, 2 * k);
+        for (int c = 0; c < C; ++c) {
+          const __m256i qyk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * k));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], qyk), scale));
+        }
+      }
+    }
+    const float d = fp16_to_fp32(x.d);
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 scale_j sum(qy)
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], offset)), acc[c]);
     }
   }
-  sumi = _mm256_sub_epi32(sumi, offset);
-  return _mm256_fmadd_ps(_mm256_set1_ps(y.d * fp16_to_fp32(x.d)), _mm256_cvtepi32_ps(sumi), acc);
-}
+
+  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
+};
 #endif
 
 void vec_dot_q6_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q6_K* x = static_cast<const block_q6_K*>(vx);
   const block_q8_K* y = static_cast<const block_q8_K*>(vy);
   const int64_t nb = n / QK_K;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) acc = dot_block_q6_k(x[b], y[b], acc);
-  *out = hsum_f32_8(acc);
-#else
   float sum = 0.0f;
   int q[128];
   for (int64_t b = 0; b < nb; ++b) {
@@ -102,7 +112,6 @@ void vec_dot_q6_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
     sum += y[b].d * fp16_to_fp32(x[b].d) * scaled;
   }
   *out = sum;
-#endif
 }
 
 EMBER_EXACT_FP_BEGIN
@@ -156,6 +165,10 @@ EMBER_EXACT_FP_END
 void register_q6_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q6_K)] = {GGMLType::Q8_K, dequantize_row_q6_k, quantize_row_q6_k,
                                                vec_dot_q6_k_q8_k};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q6_K)].vec_dot = vec_dot_k_tile<Q6KTile>;
+  t.types[static_cast<int>(GGMLType::Q6_K)].gemm_tile = gemm_tile_k<Q6KTile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS
