@@ -32,21 +32,25 @@ class PerplexityResult:
 
 
 def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """-log softmax(logits)[target] per row, in float64."""
-    x = logits.astype(np.float64)
-    x_max = x.max(axis=1, keepdims=True)
-    log_z = np.log(np.exp(x - x_max).sum(axis=1)) + x_max[:, 0]
-    return log_z - x[np.arange(len(targets)), targets]
+    """-log softmax(logits)[target] per row, as llama.cpp computes it: exp(x - max) in float32,
+    summed in float64 (a float64 copy of a 262k-word vocabulary's logits costs seconds)."""
+    x_max = logits.max(axis=1, keepdims=True)
+    sum_exp = np.exp(logits - x_max).sum(axis=1, dtype=np.float64)
+    target_logits = logits[np.arange(len(targets)), targets].astype(np.float64)
+    return np.log(sum_exp) + x_max[:, 0].astype(np.float64) - target_logits
+
+
+def chunk_count(n_tokens: int, n_ctx: int, max_chunks: int | None = None) -> int:
+    n_chunks = n_tokens // n_ctx
+    if n_chunks < 1:
+        raise EmberError(f"the text has {n_tokens} tokens; perplexity needs at least n_ctx = {n_ctx}"
+                         " (use a longer file or a smaller -c)")
+    return min(n_chunks, max_chunks) if max_chunks else n_chunks
 
 
 def perplexity(model, tokens: list[int], n_ctx: int, bos_id: int | None, max_chunks: int | None = None,
                progress=None) -> PerplexityResult:
-    n_chunks = len(tokens) // n_ctx
-    if max_chunks:
-        n_chunks = min(n_chunks, max_chunks)
-    if n_chunks < 1:
-        raise EmberError(f"the text has {len(tokens)} tokens; perplexity needs at least n_ctx = {n_ctx}"
-                         " (use a longer file or a smaller -c)")
+    n_chunks = chunk_count(len(tokens), n_ctx, max_chunks)
     first = n_ctx // 2
     nll_sum = nll2_sum = 0.0
     count = 0
@@ -57,8 +61,8 @@ def perplexity(model, tokens: list[int], n_ctx: int, bos_id: int | None, max_chu
         if bos_id is not None:
             chunk[0] = bos_id
         model.reset()
-        logits = model.eval(chunk, logits="all")
-        nll = token_nll(logits[first:n_ctx - 1], np.asarray(chunk[first + 1:n_ctx]))
+        logits = model.eval(chunk, logits=range(first, n_ctx - 1))  # only the scored positions
+        nll = token_nll(logits, np.asarray(chunk[first + 1:n_ctx]))
         nll_sum += float(nll.sum())
         nll2_sum += float((nll ** 2).sum())
         count += len(nll)
@@ -96,7 +100,7 @@ def cli_perplexity(args) -> int:
     n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
     model = Model(gguf, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=args.ctx_size)
     bos = tokenizer.bos_id if tokenizer.add_bos else None
-    print(f"perplexity: {len(tokens)} tokens, {len(tokens) // args.ctx_size} chunks of {args.ctx_size}",
+    print(f"perplexity: {len(tokens)} tokens, {chunk_count(len(tokens), args.ctx_size)} chunks of {args.ctx_size}",
           file=sys.stderr)
     result = perplexity(model, tokens, args.ctx_size, bos, args.chunks, None if args.json else _progress_bar)
     if args.json:

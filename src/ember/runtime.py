@@ -80,16 +80,17 @@ class Model:
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def eval(self, tokens: Sequence[int], seq: int = 0, logits: str = "last") -> np.ndarray:
+    def eval(self, tokens: Sequence[int], seq: int = 0, logits="last") -> np.ndarray:
         """Append tokens to sequence `seq` and return float32 logits.
 
-        logits="last": [n_vocab] of the last token; "all": [len(tokens), n_vocab].
+        logits="last": [n_vocab] of the last token; "all": [len(tokens), n_vocab]; a sequence of
+        increasing indices into tokens (e.g. a range): [len(indices), n_vocab] for those tokens
+        only, which spares the LM head and the copy for the others.
         """
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         if tokens.size == 0:
             raise EmberError("no tokens to evaluate")
-        if logits not in ("last", "all"):
-            raise ValueError("logits must be 'last' or 'all'")
+        wanted = self._wanted_rows(logits, tokens.size)
         start = self._n_past[seq]
         if start + tokens.size > self.n_ctx:
             raise ContextFullError(
@@ -98,21 +99,33 @@ class Model:
                 f" with {self.n_ctx_train}) or a shorter prompt")
         self._check_tokens(tokens)
         rows = []
-        step = self.n_batch if logits == "last" else min(self.n_batch, self.graph_outputs)
+        step = self.n_batch if wanted.size <= 1 else min(self.n_batch, self.graph_outputs)
         for begin in range(0, tokens.size, step):
             chunk = tokens[begin:begin + step]
             positions = np.arange(start + begin, start + begin + chunk.size, dtype=np.int32)
-            if logits == "all":
-                out_rows = np.arange(chunk.size, dtype=np.int32)
-            else:
-                out_rows = np.array([chunk.size - 1], dtype=np.int32)
-            out = self._run(chunk, positions, np.full(chunk.size, seq, np.int32), out_rows)
+            out_rows = wanted[(wanted >= begin) & (wanted < begin + chunk.size)] - begin
+            # A run returns at least one row: the last token's, dropped when not wanted.
+            run_rows = out_rows if out_rows.size else np.array([chunk.size - 1])
+            out = self._run(chunk, positions, np.full(chunk.size, seq, np.int32), run_rows.astype(np.int32))
             self._n_past[seq] = start + begin + chunk.size
-            if logits == "all":
+            if out_rows.size:
                 rows.append(out)
-            elif begin + step >= tokens.size:
-                rows.append(out[0])
-        return np.concatenate(rows) if logits == "all" else rows[-1]
+        if isinstance(logits, str) and logits == "last":
+            return rows[-1][0]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    @staticmethod
+    def _wanted_rows(logits, n_tokens: int) -> np.ndarray:
+        if isinstance(logits, str):
+            if logits == "last":
+                return np.array([n_tokens - 1])
+            if logits == "all":
+                return np.arange(n_tokens)
+            raise ValueError("logits must be 'last', 'all' or a sequence of token indices")
+        wanted = np.asarray(logits, dtype=np.int64).reshape(-1)
+        if wanted.size == 0 or wanted[0] < 0 or wanted[-1] >= n_tokens or np.any(np.diff(wanted) <= 0):
+            raise ValueError(f"logits indices must be increasing and within [0, {n_tokens})")
+        return wanted
 
     def decode_batch(self, items: Sequence[tuple[int, int]]) -> np.ndarray:
         """One decode step for several sequences: items are (seq, token); returns [len(items), n_vocab]."""
