@@ -10,6 +10,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_tile.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -51,42 +52,58 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
   }
 }
 
-void vec_dot_q5_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
-  const block_q5_K* x = static_cast<const block_q5_K*>(vx);
-  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
-  const int64_t nb = n / QK_K;
 #if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-  for (int64_t b = 0; b < nb; ++b) {
-    const float d = y[b].d * fp16_to_fp32(x[b].d), dmin = y[b].d * fp16_to_fp32(x[b].dmin);
-    const ScalesMins sm = unpack_scales_mins(x[b].scales);
+// d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s sum(qy) for one weight super-block and C
+// activation blocks, as 8 float lanes to be summed. Each sub-block is unpacked once for all C.
+struct Q5KTile {
+  using BX = block_q5_K;
+  using BY = block_q8_K;
+  using Acc = __m256;
+  static Acc init() { return _mm256_setzero_ps(); }
+
+  template <int C>
+  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+    const ScalesMins sm = unpack_scales_mins(x.scales);
     // Scales and mins as int16: the 8 scales in both 128-bit halves, each min twice (against the
     // two 16-value bsums of its sub-block).
     const __m128i scales8 = _mm_cvtepu8_epi16(_mm_setr_epi32(sm.scales[0], sm.scales[1], 0, 0));
     const __m128i mins8 = _mm_cvtepu8_epi16(_mm_setr_epi32(sm.mins[0], sm.mins[1], 0, 0));
     const __m256i scales = _mm256_set_m128i(scales8, scales8);
     const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh));
-    __m256i sum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * c));
+    const float xd = fp16_to_fp32(x.d), xdmin = fp16_to_fp32(x.dmin);
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(y[c][b].d * xdmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc[c]);
+      sum[c] = _mm256_setzero_si256();
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
       for (int half = 0; half < 2; ++half) {
-        const int s = 2 * c + half;
+        const int s = 2 * k + half;
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q4, 4 * half), low4);
-        const __m256i high = _mm256_and_si256(move_bit(qh, s, 4), bit4);
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 32 * s));
-        const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(low, high), qy);
+        const __m256i q = _mm256_or_si256(low, _mm256_and_si256(move_bit(qh, s, 4), bit4));
         const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * s)));
-        sum = madd_acc_i16(sum, p, scale);
+        for (int c = 0; c < C; ++c) {
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 32 * s));
+          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
+        }
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
   }
-  *out = hsum_f32_8(acc);
-#else
+
+  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
+};
+#endif
+
+void vec_dot_q5_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_q5_K* x = static_cast<const block_q5_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / QK_K;
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const ScalesMins sm = unpack_scales_mins(x[b].scales);
@@ -101,7 +118,6 @@ void vec_dot_q5_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
     sum += y[b].d * (fp16_to_fp32(x[b].d) * isum - fp16_to_fp32(x[b].dmin) * imin);
   }
   *out = sum;
-#endif
 }
 
 EMBER_EXACT_FP_BEGIN
@@ -135,6 +151,10 @@ EMBER_EXACT_FP_END
 void register_q5_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q5_K)] = {GGMLType::Q8_K, dequantize_row_q5_k, quantize_row_q5_k,
                                                vec_dot_q5_k_q8_k};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q5_K)].vec_dot = vec_dot_k_tile<Q5KTile>;
+  t.types[static_cast<int>(GGMLType::Q5_K)].gemm_tile = gemm_tile_k<Q5KTile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS
