@@ -117,8 +117,9 @@ size_t Graph::node_work_size(const Node& n) const {
       return static_cast<size_t>(max_rows(x)) * align_up(row_bytes(vdt, w.ne0));
     }
     case Op::Attention:
-      // Per thread: scores over the context, and one output row accumulator.
-      return static_cast<size_t>(pool_.size()) * align_up((n_ctx_ + n.i[2]) * sizeof(float));
+      // Per thread: scores over the context and an output accumulator, for up to 4 query heads
+      // that share a KV head (kMaxHeads in ops/attention.cpp).
+      return static_cast<size_t>(pool_.size()) * align_up(4 * (n_ctx_ + n.i[2]) * sizeof(float));
     default:
       return 0;
   }

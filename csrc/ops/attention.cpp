@@ -3,8 +3,8 @@
 // over the positions that token may see: its own sequence, positions <= its own, and with a
 // sliding window w only the last w of them. Grouped-query attention maps query head h to KV
 // head h / (n_head / n_kv_head) by index; nothing is copied.
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/fp16.h"
 #include "core/mathfn.h"
@@ -18,46 +18,115 @@ namespace EMBER_ISA_NS {
 
 namespace {
 
-inline float dot_f32_f16(const float* q, const uint16_t* k, int64_t n) {
+// Query heads that share a KV head are computed together, so each F16 key and value row is
+// converted once for all of them; per head the sums run in the same order as for one head alone.
+constexpr int kMaxHeads = 4;  // heads per pass (accumulators in registers)
+
+// out[g * out_stride] = dot(q + g * n, k) for g < G.
+template <int G>
+inline void dots_f32_f16(const float* q, const uint16_t* k, int64_t n, float* out, size_t out_stride) {
   int64_t i = 0;
-  float sum = 0.0f;
+  float sum[G];
 #if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16)
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i),
-                          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i))), acc);
-  sum = _mm512_reduce_add_ps(acc);
+  __m512 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i)));
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * n + i), kv, acc[g]);
+  }
+  for (int g = 0; g < G; ++g) sum[g] = _mm512_reduce_add_ps(acc[g]);
 #elif defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8)
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))), acc);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  sum = _mm_cvtss_f32(s4);
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), kv, acc[g]);
+  }
+  for (int g = 0; g < G; ++g) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    sum[g] = _mm_cvtss_f32(s4);
+  }
+#else
+  for (int g = 0; g < G; ++g) sum[g] = 0.0f;
 #endif
-  for (; i < n; ++i) sum += q[i] * fp16_to_fp32(k[i]);
-  return sum;
+  for (int g = 0; g < G; ++g) {
+    for (int64_t r = i; r < n; ++r) sum[g] += q[g * n + r] * fp16_to_fp32(k[r]);
+    out[g * out_stride] = sum[g];
+  }
 }
 
-// acc += w * v
-inline void axpy_f16(float* acc, float w, const uint16_t* v, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 wv = _mm512_set1_ps(w);
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(wv, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                      reinterpret_cast<const __m256i*>(v + i))),
-                                              _mm512_loadu_ps(acc + i)));
-#elif defined(__AVX2__)
-  const __m256 wv = _mm256_set1_ps(w);
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128(
-                                                      reinterpret_cast<const __m128i*>(v + i))),
-                                              _mm256_loadu_ps(acc + i)));
+// acc[g * head_dim + c] = sum over j in [first, pos] of w[g * w_stride + j] * v_j[c], g < G, in
+// order of j. With AVX2, 16 columns at a time stay in registers across all j.
+template <int G>
+inline void weighted_values(float* acc, const float* w, size_t w_stride, KVCache& cache, int64_t seq,
+                            int64_t offset, int64_t first, int64_t pos, int64_t head_dim) {
+  int64_t c0 = 0;
+#if defined(__AVX2__)
+  for (; c0 + 16 <= head_dim; c0 += 16) {
+    __m256 a[G][2];
+    for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = _mm256_setzero_ps();
+    for (int64_t j = first; j <= pos; ++j) {
+      const uint16_t* v = cache.v_row(seq, j) + offset + c0;
+      const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
+      const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 8)));
+      for (int g = 0; g < G; ++g) {
+        const __m256 wj = _mm256_broadcast_ss(w + g * w_stride + j);
+        a[g][0] = _mm256_fmadd_ps(wj, v0, a[g][0]);
+        a[g][1] = _mm256_fmadd_ps(wj, v1, a[g][1]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      _mm256_storeu_ps(acc + g * head_dim + c0, a[g][0]);
+      _mm256_storeu_ps(acc + g * head_dim + c0 + 8, a[g][1]);
+    }
+  }
 #endif
-  for (; i < n; ++i) acc[i] += w * fp16_to_fp32(v[i]);
+  for (int g = 0; g < G; ++g)
+    for (int64_t c = c0; c < head_dim; ++c) acc[g * head_dim + c] = 0.0f;
+  for (int64_t j = first; j <= pos && c0 < head_dim; ++j) {
+    const uint16_t* v = cache.v_row(seq, j) + offset;
+    for (int64_t c = c0; c < head_dim; ++c) {
+      const float vc = fp16_to_fp32(v[c]);
+      for (int g = 0; g < G; ++g) acc[g * head_dim + c] += w[g * w_stride + j] * vc;
+    }
+  }
+}
+
+// Heads h0 .. h0 + G - 1 of token t, all on KV head kvh: scores over the visible positions,
+// softmax, the weighted sum of values. scores: G x n_ctx floats, acc: G x head_dim.
+template <int G>
+void attend_heads(const Node& n, ExecContext& ctx, KVCache& cache, int64_t t, int64_t h0, int64_t kvh,
+                  float* scores, float* acc) {
+  const int64_t head_dim = n.i[2], window = n.i[3];
+  const float scale = n.f[0], softcap = n.f[1];
+  const int64_t pos = ctx.positions[t], seq = ctx.seq_ids[t], n_ctx = cache.n_ctx;
+  const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+  const float* q = operand_row(ctx, src_tensor(ctx, n, 0), t) + h0 * head_dim;
+  for (int64_t j = first; j <= pos; ++j)
+    dots_f32_f16<G>(q, cache.k_row(seq, j) + kvh * head_dim, head_dim, scores + j, n_ctx);
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * n_ctx;
+    float max_score = -INFINITY;
+    for (int64_t j = first; j <= pos; ++j) {
+      float s = sg[j] * scale;
+      if (softcap > 0.0f) s = softcap * tanh_approx(s / softcap);
+      sg[j] = s;
+      max_score = std::max(max_score, s);
+    }
+    float sum = 0.0f;
+    for (int64_t j = first; j <= pos; ++j) {
+      sg[j] = exp_approx(sg[j] - max_score);
+      sum += sg[j];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+  weighted_values<G>(acc, scores, n_ctx, cache, seq, kvh * head_dim, first, pos, head_dim);
+  float* y = row_f32(ctx, out_tensor(ctx, n), t) + h0 * head_dim;
+  for (int g = 0; g < G; ++g)
+    for (int64_t c = 0; c < head_dim; ++c) y[g * head_dim + c] = acc[g * head_dim + c] * inv_sum[g];
 }
 
 void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth) {
@@ -75,40 +144,26 @@ void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth)
 }
 
 void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
-  const int64_t n_head = n.i[0], n_kv_head = n.i[1], head_dim = n.i[2], window = n.i[3];
-  const float scale = n.f[0], softcap = n.f[1];
+  const int64_t n_head = n.i[0], n_kv_head = n.i[1];
   KVCache& cache = ctx.graph->kv(n.i[4]);
   store_kv(n, ctx, cache, ith, nth);
   ctx.barrier();
 
-  const Tensor &q = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
   const int64_t group = n_head / n_kv_head;
-  float* scores = reinterpret_cast<float*>(ctx.arena + n.work_offset +
-                                           ith * (n.work_size / ctx.pool->size()));
-  float* acc = scores + cache.n_ctx;
+  float* scores = reinterpret_cast<float*>(ctx.arena + n.work_offset + ith * (n.work_size / ctx.pool->size()));
+  float* acc = scores + kMaxHeads * cache.n_ctx;
+  // Items are (token, head) pairs; a thread takes its range in runs of heads that share a KV head.
   const Range items = split(ctx.n_tokens * n_head, ith, nth);
-  for (int64_t item = items.begin; item < items.end; ++item) {
+  for (int64_t item = items.begin; item < items.end;) {
     const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
-    const int64_t pos = ctx.positions[t], seq = ctx.seq_ids[t];
-    const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-    const float* qh = operand_row(ctx, q, t) + h * head_dim;
-    float max_score = -INFINITY;
-    for (int64_t j = first; j <= pos; ++j) {
-      float s = dot_f32_f16(qh, cache.k_row(seq, j) + kvh * head_dim, head_dim) * scale;
-      if (softcap > 0.0f) s = softcap * tanh_approx(s / softcap);
-      scores[j] = s;
-      max_score = std::max(max_score, s);
+    const int64_t run = std::min({items.end - item, (kvh + 1) * group - h, int64_t{kMaxHeads}});
+    switch (run) {
+      case 4: attend_heads<4>(n, ctx, cache, t, h, kvh, scores, acc); break;
+      case 3: attend_heads<3>(n, ctx, cache, t, h, kvh, scores, acc); break;
+      case 2: attend_heads<2>(n, ctx, cache, t, h, kvh, scores, acc); break;
+      default: attend_heads<1>(n, ctx, cache, t, h, kvh, scores, acc); break;
     }
-    float sum = 0.0f;
-    for (int64_t j = first; j <= pos; ++j) {
-      scores[j] = exp_approx(scores[j] - max_score);
-      sum += scores[j];
-    }
-    std::memset(acc, 0, head_dim * sizeof(float));
-    for (int64_t j = first; j <= pos; ++j) axpy_f16(acc, scores[j], cache.v_row(seq, j) + kvh * head_dim, head_dim);
-    float* y = row_f32(ctx, out, t) + h * head_dim;
-    const float inv = 1.0f / sum;
-    for (int64_t c = 0; c < head_dim; ++c) y[c] = acc[c] * inv;
+    item += run;
   }
 }
 
