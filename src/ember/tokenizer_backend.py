@@ -1,10 +1,6 @@
-"""Build a `tokenizers.Tokenizer` that produces llama.cpp's ids for a GGUF vocabulary.
-
-Byte-level BPE ("gpt2"): the file's merges, the pre-tokenizer regexes that tokenizer.ggml.pre
-names, then GPT-2's byte-to-unicode mapping. SentencePiece-style ("llama"): llama.cpp merges
-the adjacent pair whose concatenation is the highest-scoring token, repeatedly, starting from
-characters; that is BPE whose merges are every split of every token, ranked by the score of the
-token they make. Characters outside the vocabulary fall back to <0xXX> byte tokens.
+"""Build a `tokenizers.Tokenizer` that produces llama.cpp's ids for a byte-level BPE ("gpt2")
+vocabulary: the file's merges, the pre-tokenizer regexes that tokenizer.ggml.pre names, then
+GPT-2's byte-to-unicode mapping. (SentencePiece-style vocabularies are ember.spm's.)
 
 Special tokens are added tokens, cut out of the text before anything else: user-defined
 tokens always, control tokens only when encode_special_tokens is off (llama.cpp's
@@ -14,16 +10,15 @@ parse_special).
 from __future__ import annotations
 
 import numpy as np
-from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from ember.vocab import CONTROL, UNKNOWN, USER_DEFINED, Vocab
 
-SPACE = "\u2581"  # "▁", SentencePiece's visible space
-
 
 def build_backend(vocab: Vocab) -> Backend:
-    backend = _bpe_backend(vocab) if vocab.kind == "bpe" else _spm_backend(vocab)
+    """The `tokenizers` backend of a byte-level BPE vocabulary (SentencePiece-style ones use ember.spm)."""
+    backend = _bpe_backend(vocab)
     _add_special_tokens(backend, vocab)
     backend.encode_special_tokens = True
     return backend
@@ -57,27 +52,6 @@ def _valid_merges(vocab: Vocab) -> list[tuple[str, str]]:
         if cut > 0 and left in token_to_id and right in token_to_id and left + right in token_to_id:
             valid.append((left, right))
     return valid
-
-
-def _spm_backend(vocab: Vocab) -> Backend:
-    model = models.BPE(vocab.token_to_id, _merges_from_scores(vocab), byte_fallback=True)
-    backend = Backend(model)
-    steps = [normalizers.Prepend(SPACE)] if vocab.add_space_prefix else []
-    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE)])
-    return backend
-
-
-def _merges_from_scores(vocab: Vocab) -> list[tuple[str, str]]:
-    token_to_id = vocab.token_to_id
-    scores = vocab.scores if vocab.scores is not None else np.zeros(vocab.n_vocab, np.float32)
-    candidates = []  # (score of the merged token, its id, left, right)
-    for token_id, text in enumerate(vocab.tokens):
-        for cut in range(1, len(text)):
-            left, right = text[:cut], text[cut:]
-            if left in token_to_id and right in token_to_id:
-                candidates.append((-float(scores[token_id]), token_id, left, right))
-    candidates.sort()
-    return [(left, right) for _, _, left, right in candidates]
 
 
 def _add_special_tokens(backend: Backend, vocab: Vocab) -> None:
