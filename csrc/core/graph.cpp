@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include <sys/mman.h>
+
 #include "core/alloc_counter.h"
 
 namespace ember {
@@ -13,8 +15,6 @@ namespace ember {
 namespace {
 constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
-
-void free_aligned(uint8_t* p) { std::free(p); }
 
 struct Block {
   size_t offset, size;
@@ -105,6 +105,16 @@ int64_t Graph::max_rows(const Tensor& t) const {
   return t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1;
 }
 
+void ZeroPagesDeleter::operator()(uint8_t* p) const {
+  if (p != nullptr) munmap(p, size);
+}
+
+ZeroPages map_zero_pages(size_t size) {
+  void* mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::bad_alloc();
+  return ZeroPages(static_cast<uint8_t*>(mem), ZeroPagesDeleter{size});
+}
+
 size_t Graph::max_bytes(const Tensor& t) const { return static_cast<size_t>(max_rows(t)) * t.row_stride; }
 
 size_t Graph::node_work_size(const Node& n) const {
@@ -166,10 +176,7 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
     }
   }
   arena_size_ = align_up(total + kAlign);
-  void* mem = nullptr;
-  if (posix_memalign(&mem, kAlign, arena_size_) != 0) throw std::bad_alloc();
-  std::memset(mem, 0, arena_size_);
-  arena_ = std::unique_ptr<uint8_t[], void (*)(uint8_t*)>(static_cast<uint8_t*>(mem), free_aligned);
+  arena_ = map_zero_pages(arena_size_);  // page-aligned, so 64-byte aligned
 
   for (const Node& n : nodes_) {
     if (n.op != Op::Attention) continue;
@@ -178,14 +185,14 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
     c.n_seq = n_seq;
     c.row_elems = static_cast<int64_t>(n.i[1]) * n.i[2];
     size_t elems = static_cast<size_t>(n_ctx * n_seq * c.row_elems);
-    c.k.assign(elems, 0);
-    c.v.assign(elems, 0);
+    c.k = map_zero_pages(elems * sizeof(uint16_t));
+    c.v = map_zero_pages(elems * sizeof(uint16_t));
   }
 }
 
 size_t Graph::kv_size() const {
   size_t bytes = 0;
-  for (const KVCache& c : kv_) bytes += (c.k.size() + c.v.size()) * sizeof(uint16_t);
+  for (const KVCache& c : kv_) bytes += c.bytes();
   return bytes;
 }
 

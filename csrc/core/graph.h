@@ -19,6 +19,15 @@ namespace ember {
 constexpr int64_t kRowsTokens = -1;
 constexpr int64_t kRowsOutputs = -2;
 
+// Zero-filled memory mapped from the OS: pages become resident only when written, so a short
+// prompt or a decode step costs only what it touches (a memset would make all of it resident).
+struct ZeroPagesDeleter {
+  size_t size = 0;
+  void operator()(uint8_t* p) const;
+};
+using ZeroPages = std::unique_ptr<uint8_t, ZeroPagesDeleter>;
+ZeroPages map_zero_pages(size_t size);
+
 struct Tensor {
   GGMLType type = GGMLType::F32;
   int64_t ne0 = 0;            // elements per row
@@ -44,9 +53,13 @@ struct Node {
 
 struct KVCache {
   int64_t n_ctx = 0, n_seq = 0, row_elems = 0;  // row_elems = n_kv_heads * head_dim
-  std::vector<uint16_t> k, v;  // F16, [n_seq][n_ctx][row_elems]
-  uint16_t* k_row(int64_t seq, int64_t pos) { return k.data() + (seq * n_ctx + pos) * row_elems; }
-  uint16_t* v_row(int64_t seq, int64_t pos) { return v.data() + (seq * n_ctx + pos) * row_elems; }
+  ZeroPages k, v;  // F16, [n_seq][n_ctx][row_elems]
+  uint16_t* k_row(int64_t seq, int64_t pos) { return f16(k) + (seq * n_ctx + pos) * row_elems; }
+  uint16_t* v_row(int64_t seq, int64_t pos) { return f16(v) + (seq * n_ctx + pos) * row_elems; }
+  size_t bytes() const { return 2 * static_cast<size_t>(n_seq * n_ctx * row_elems) * sizeof(uint16_t); }
+
+ private:
+  static uint16_t* f16(const ZeroPages& p) { return reinterpret_cast<uint16_t*>(p.get()); }
 };
 
 struct ExecContext {
@@ -128,7 +141,7 @@ class Graph {
   int64_t n_inputs_ = 0;
   int64_t max_tokens_ = 0, max_outputs_ = 0, n_ctx_ = 0, n_seq_ = 0;
   size_t arena_size_ = 0;
-  std::unique_ptr<uint8_t[], void (*)(uint8_t*)> arena_{nullptr, nullptr};
+  ZeroPages arena_;
   const KernelTable* kernels_ = nullptr;
   ThreadPool pool_;
   ExecContext ctx_;
