@@ -30,8 +30,10 @@ class SpmEncoder:
         special = np.flatnonzero(vocab.attrs & (CONTROL | USER_DEFINED | UNKNOWN))
         # (text, always recognised), longest text first; a stable sort keeps id order on ties.
         ids = sorted(special.tolist(), key=lambda i: -len(vocab.tokens[i].encode("utf-8")))
-        self._special = [(vocab.tokens[i], self._token_to_id[vocab.tokens[i]],
-                          not vocab.attrs[i] & (CONTROL | UNKNOWN)) for i in ids if vocab.tokens[i]]
+        # text -> (rank in that order, id, recognised without parse_special)
+        self._special = {vocab.tokens[i]: (rank, self._token_to_id[vocab.tokens[i]], not vocab.attrs[i] & (CONTROL | UNKNOWN))
+                         for rank, i in enumerate(ids) if vocab.tokens[i]}
+        self._by_prefix: dict[bool, dict[str, tuple[set[str], list[int]]]] = {}
         unknown = np.flatnonzero(vocab.attrs & UNKNOWN)
         self._byte_ids = [self._byte_token(b, int(unknown[0]) if unknown.size else 0) for b in range(256)]
 
@@ -52,13 +54,11 @@ class SpmEncoder:
         return ids
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """The text cut into plain strings and special token ids."""
+        """The text cut into plain strings and special token ids: each special token that occurs,
+        in llama.cpp's order (longest first), cuts every plain piece at each of its occurrences."""
         pieces: list[str | int] = [text] if text else []
-        for token_text, token_id, always in self._special:
-            if not (always or parse_special):
-                continue
-            if not any(isinstance(p, str) and token_text in p for p in pieces):
-                continue
+        for token_text in self._present(text, parse_special):
+            token_id = self._special[token_text][1]
             cut: list[str | int] = []
             for piece in pieces:
                 if isinstance(piece, int) or token_text not in piece:
@@ -71,6 +71,29 @@ class SpmEncoder:
                         cut.append(part)
             pieces = cut
         return pieces
+
+    def _present(self, text: str, parse_special: bool) -> list[str]:
+        """The special tokens that occur in text, in partition order: each place where a token's
+        first two characters occur is checked for the tokens of each length that start so."""
+        present = set()
+        for prefix, (texts, lengths) in self._groups(parse_special).items():
+            start = text.find(prefix)
+            while start != -1:
+                present.update(t for t in (text[start:start + n] for n in lengths) if t in texts)
+                start = text.find(prefix, start + 1)
+        return sorted(present, key=lambda t: self._special[t][0])
+
+    def _groups(self, parse_special: bool) -> dict[str, tuple[set[str], list[int]]]:
+        """Special token texts by their first two characters, with their lengths."""
+        if parse_special not in self._by_prefix:
+            groups: dict[str, tuple[set[str], set[int]]] = {}
+            for t, (_, _, always) in self._special.items():
+                if always or parse_special:
+                    texts, lengths = groups.setdefault(t[:2], (set(), set()))
+                    texts.add(t)
+                    lengths.add(len(t))
+            self._by_prefix[parse_special] = {k: (texts, sorted(lengths)) for k, (texts, lengths) in groups.items()}
+        return self._by_prefix[parse_special]
 
     def _encode_text(self, text: str, out: list[int]) -> None:
         n = len(text)
