@@ -71,30 +71,33 @@ class PyGraph {
     const Tensor &tw = graph_.tensor(w), &tx = f32_operand(x);
     if (!tw.is_weight) throw std::invalid_argument("matmul: first operand must be a weight");
     if (tw.ne0 != tx.ne0) throw std::invalid_argument("matmul: inner dimensions differ");
-    return graph_.add_node(Op::MatMul, tw.ne1, tx.ne1, {w, x});
+    if (!evenly_strided(tx)) throw std::invalid_argument("matmul: the activation rows are not evenly strided (a permuted view)");
+    return same_rows(graph_.add_node(Op::MatMul, tw.ne1, tx.ne1, {w, x}), x);
   }
   int32_t binary(Op op, int32_t a, int32_t b) {
     const Tensor &ta = f32_operand(a), &tb = f32_operand(b);
     if (ta.ne0 != tb.ne0) throw std::invalid_argument("element-wise op: column counts differ");
-    if (tb.ne1 != 1 && tb.ne1 != ta.ne1) throw std::invalid_argument("element-wise op: row counts differ");
-    return graph_.add_node(op, ta.ne0, ta.ne1, {a, b});
+    const bool broadcast = tb.ne1 == 1 && tb.row_split == 1;
+    if (!broadcast && (tb.ne1 != ta.ne1 || tb.row_split != ta.row_split || (tb.row_split > 1 && tb.h_major != ta.h_major)))
+      throw std::invalid_argument("element-wise op: row counts differ");
+    return same_rows(graph_.add_node(op, ta.ne0, ta.ne1, {a, b}), a);
   }
   int32_t unary(Op op, int32_t a, float f0) {
     const Tensor& t = f32_operand(a);
-    return graph_.add_node(op, t.ne0, t.ne1, {a}, {f0});
+    return same_rows(graph_.add_node(op, t.ne0, t.ne1, {a}, {f0}), a);
   }
   int32_t rms_norm(int32_t x, int32_t w, float eps, int32_t group) {
     const Tensor& t = f32_operand(x);
     const int64_t width = group > 0 ? group : t.ne0;
     if (t.ne0 % width != 0) throw std::invalid_argument("rms_norm: group does not divide the row");
     check_vector(w, width);
-    return graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, {eps}, {group});
+    return same_rows(graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, {eps}, {group}), x);
   }
   int32_t layer_norm(int32_t x, int32_t w, int32_t b, float eps) {
     const Tensor& t = f32_operand(x);
     check_vector(w, t.ne0);
     check_vector(b, t.ne0);
-    return graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, {eps});
+    return same_rows(graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, {eps}), x);
   }
   int32_t rope(int32_t x, int32_t head_dim, int32_t n_rot, bool neox, float base, float freq_scale,
                int32_t factors) {
@@ -118,9 +121,15 @@ class PyGraph {
     const Tensor& t = token_rows(x);
     return graph_.add_node(Op::SelectRows, t.ne0, kRowsOutputs, {x});
   }
-  int32_t view(int32_t x, int64_t col_offset, int64_t n_cols) { return graph_.add_view(x, col_offset, n_cols); }
+  int32_t view(int32_t x, int64_t col_offset, int64_t n_cols) {
+    if (graph_.tensor(x).row_split != 1) throw std::invalid_argument("view: column slices are of unsplit rows");
+    return graph_.add_view(x, col_offset, n_cols);
+  }
+  int32_t reshape(int32_t x, int64_t ne0) { return graph_.add_reshape(x, ne0); }
+  int32_t permute(int32_t x) { return graph_.add_permute(x); }
   void set_output(int32_t x) {
-    graph_.tensor(x);
+    if (!evenly_strided(graph_.tensor(x)))
+      throw std::invalid_argument("the output must be evenly strided (not a permuted view; scale it by 1 to make it dense)");
     graph_.set_output(x);
   }
 
@@ -159,7 +168,8 @@ class PyGraph {
                           ptrs.data(), static_cast<int64_t>(ptrs.size()));
     }
     const Tensor& out = graph_.tensor(graph_.output());
-    const int64_t rows = out.ne1 == kRowsOutputs ? n_out : out.ne1 == kRowsTokens ? n : out.ne1;
+    // Rows in logical order, evenly strided (set_output checks): reshaped outputs give all their rows.
+    const int64_t rows = (out.ne1 == kRowsOutputs ? n_out : out.ne1 == kRowsTokens ? n : out.ne1) * out.row_split;
     float* copy = new float[rows * cols];
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(copy + r * cols, reinterpret_cast<const uint8_t*>(result) + r * out.row_stride, cols * sizeof(float));
@@ -203,9 +213,20 @@ class PyGraph {
     if (t.type != GGMLType::F32) throw std::invalid_argument("activation operands must be F32");
     return t;
   }
+  // An op's output computed row by row from `like` has its rows.
+  int32_t same_rows(int32_t out, int32_t like) {
+    graph_.copy_row_layout(out, like);
+    return out;
+  }
+  static bool evenly_strided(const Tensor& t) {
+    if (t.row_split == 1) return true;
+    if (t.h_major != t.h_major_memory) return false;
+    return t.h_major_memory || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split);
+  }
   // Ops that read the batch's positions or sequence ids row by row need the batch's token rows.
   const Tensor& token_rows(int32_t id) const {
     const Tensor& t = f32_operand(id);
+    if (t.row_split != 1) throw std::invalid_argument("this op needs one row per token (reshape the rows back)");
     if (t.ne1 != kRowsTokens)
       throw std::invalid_argument("expected the batch's token rows (not output rows or a weight)");
     return t;
@@ -404,6 +425,8 @@ NB_MODULE(_core, m) {
            "scale"_a, "window"_a = 0, "softcap"_a = 0.0f)
       .def("select_outputs", &PyGraph::select_outputs)
       .def("view", &PyGraph::view, "x"_a, "col_offset"_a, "n_cols"_a)
+      .def("reshape", &PyGraph::reshape, "x"_a, "ne0"_a)
+      .def("permute", &PyGraph::permute, "x"_a)
       .def("set_output", &PyGraph::set_output)
       .def("plan", &PyGraph::plan, "max_tokens"_a, "max_outputs"_a, "n_ctx"_a, "n_seq"_a = 1)
       .def("run", &PyGraph::run, "tokens"_a, "positions"_a, "seq_ids"_a, "output_rows"_a,

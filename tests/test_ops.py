@@ -359,6 +359,61 @@ def test_view_of_a_view_adds_the_offsets(isa):
     np.testing.assert_array_equal(out, x[:, 25:32])
 
 
+# Reshape and permute views: [tokens, heads * d] as [tokens * heads, d] and as [heads * tokens, d].
+HEADS, HEAD_D = 4, 16
+
+
+def test_reshape_lets_a_row_op_work_per_head(isa):
+    """rms_norm over [tokens * heads, d] normalizes each head, with no copy in or out."""
+    x = activations(33, HEADS * HEAD_D)
+    w = activations(1, HEAD_D, seed=4)[0]
+    out = run_graph(lambda g, x: g.reshape(g.rms_norm(g.reshape(x, HEAD_D), vector(g, w), 1e-6), HEADS * HEAD_D), [x])
+    expected = rms_norm_reference(x.reshape(-1, HEAD_D), w, 1e-6).reshape(x.shape)
+    np.testing.assert_allclose(out, expected, rtol=2e-6, atol=1e-30)
+
+
+def test_permute_orders_the_rows_head_major_and_back(isa):
+    x = activations(7, HEADS * HEAD_D)
+    by_head = run_graph(lambda g, x: g.scale(g.permute(g.reshape(x, HEAD_D)), 1.0), [x])
+    np.testing.assert_array_equal(by_head, x.reshape(7, HEADS, HEAD_D).transpose(1, 0, 2).reshape(-1, HEAD_D))
+    round_trip = run_graph(lambda g, x: g.scale(g.permute(g.scale(g.permute(g.reshape(x, HEAD_D)), 1.0)), 1.0), [x])
+    np.testing.assert_array_equal(round_trip, x.reshape(-1, HEAD_D))
+
+
+def test_permuted_rows_are_read_and_written_in_head_major_order(isa):
+    """A permuted view, made dense by an op, multiplied head by head, permuted back and made dense
+    again: the round trip equals the same work done in numpy on [tokens, heads, d]."""
+    n_out = 8
+    x = activations(7, HEADS * HEAD_D)
+    w = activations(n_out, HEAD_D, seed=5)
+
+    def build(g, x):
+        by_head = g.silu(g.permute(g.reshape(x, HEAD_D)))   # dense [heads * tokens, d]
+        projected = g.matmul(g.weight(F32, HEAD_D, n_out, w), by_head)  # [heads * tokens, n_out]
+        return g.reshape(g.scale(g.permute(projected), 1.0), HEADS * n_out)  # back to token rows
+
+    out = run_graph(build, [x])
+    x64 = x.astype(np.float64).reshape(7, HEADS, HEAD_D)
+    expected = (silu_reference(x64) @ w.T.astype(np.float64)).reshape(7, HEADS * n_out)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda g, x: g.reshape(x, 24), "divide"),
+    (lambda g, x: g.reshape(g.view(x, 0, 32), 16), "dense"),
+    (lambda g, x: g.reshape(g.permute(g.reshape(x, 16)), 64), "dense"),
+    (lambda g, x: g.permute(x), "reshape"),
+    (lambda g, x: g.permute(g.reshape(x, 16)), "evenly strided"),
+    (lambda g, x: g.rope(g.reshape(x, 16), 16, 16, False, 10000.0), "one row per token"),
+    (lambda g, x: g.matmul(g.weight(F32, 16, 2, np.ones(32, np.float32)), g.permute(g.reshape(x, 16))), "evenly strided"),
+])
+def test_views_that_the_strides_do_not_allow_are_refused(build, message):
+    g = _core.Graph(1)
+    x = g.input(64)
+    with pytest.raises(ValueError, match=message):
+        g.set_output(build(g, x))
+
+
 def test_ops_read_strided_views(isa):
     """Ops read a view's rows with the stride of the tensor it belongs to (fused QKV layout)."""
     x = activations(33, 3 * 32)

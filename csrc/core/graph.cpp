@@ -102,7 +102,53 @@ int32_t Graph::add_view(int32_t src, int64_t col_offset, int64_t n_cols) {
 }
 
 int64_t Graph::max_rows(const Tensor& t) const {
-  return t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1;
+  return (t.ne1 == kRowsTokens ? max_tokens_ : t.ne1 == kRowsOutputs ? max_outputs_ : t.ne1) * t.row_split;
+}
+
+namespace {
+// Whether each base row's sub-rows lie densely, one after the other, in logical order.
+bool dense_t_major(const Tensor& t) {
+  return !t.h_major && !t.h_major_memory && t.row_stride == static_cast<size_t>(t.ne0) * sizeof(float) &&
+         (t.row_split == 1 || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split));
+}
+}  // namespace
+
+int32_t Graph::add_reshape(int32_t src, int64_t new_ne0) {
+  const Tensor& s = tensors_.at(src);
+  if (s.is_weight || s.type != GGMLType::F32) throw std::invalid_argument("views are of F32 activations");
+  if (!dense_t_major(s)) throw std::invalid_argument("reshape: the rows are not dense in memory (a column slice or a permuted view)");
+  const int64_t per_base = s.ne0 * s.row_split;
+  if (new_ne0 <= 0 || per_base % new_ne0 != 0)
+    throw std::invalid_argument("reshape: the new row length does not divide the elements of a token");
+  Tensor t = s;
+  t.ne0 = new_ne0;
+  t.row_split = per_base / new_ne0;
+  t.row_stride = static_cast<size_t>(new_ne0) * sizeof(float);
+  t.base_stride = static_cast<size_t>(per_base) * sizeof(float);
+  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.producer = -1;
+  tensors_.push_back(t);
+  return static_cast<int32_t>(tensors_.size() - 1);
+}
+
+int32_t Graph::add_permute(int32_t src) {
+  const Tensor& s = tensors_.at(src);
+  if (s.is_weight || s.type != GGMLType::F32) throw std::invalid_argument("views are of F32 activations");
+  if (s.row_split == 1) throw std::invalid_argument("permute: reshape the rows into (token, sub-row) first");
+  Tensor t = s;
+  t.h_major = !s.h_major;
+  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.producer = -1;
+  tensors_.push_back(t);
+  return static_cast<int32_t>(tensors_.size() - 1);
+}
+
+void Graph::copy_row_layout(int32_t out, int32_t like) {
+  const Tensor& l = tensors_.at(like);
+  Tensor& t = tensors_.at(out);
+  t.row_split = l.row_split;
+  t.h_major = t.h_major_memory = l.h_major;  // written densely in the logical order
+  t.base_stride = t.row_stride * static_cast<size_t>(t.row_split);
 }
 
 void ZeroPagesDeleter::operator()(uint8_t* p) const {

@@ -33,6 +33,14 @@ struct Tensor {
   int64_t ne0 = 0;            // elements per row
   int64_t ne1 = 0;            // rows, or kRowsTokens / kRowsOutputs
   size_t row_stride = 0;      // bytes between rows (views of a wider tensor have a larger one)
+  // Reshape and permute views. A tensor with row_split k has k rows for each of its ne1 "base"
+  // rows (tokens): logical row r is (base t, sub h), t-major (r = t k + h) or, once permuted,
+  // h-major (r = h T + t, T base rows). In memory the rows are t-major at t * base_stride +
+  // h * row_stride, or (for the output of an op that read an h-major view) h-major and dense.
+  int64_t row_split = 1;
+  bool h_major = false;           // logical order
+  bool h_major_memory = false;    // memory order
+  size_t base_stride = 0;         // t-major memory: bytes between base rows
   bool is_weight = false;
   const void* weight_data = nullptr;  // weights: mmapped file data, owned by Python
   int32_t alias_of = -1;      // views: the tensor whose memory this one shares
@@ -74,8 +82,17 @@ struct ExecContext {
   const int32_t* output_rows = nullptr;
   const float* const* inputs = nullptr;  // external F32 inputs, by Input node order
 
-  int64_t rows(const Tensor& t) const {
+  int64_t base_rows(const Tensor& t) const {
     return t.ne1 == kRowsTokens ? n_tokens : t.ne1 == kRowsOutputs ? n_outputs : t.ne1;
+  }
+  int64_t rows(const Tensor& t) const { return base_rows(t) * t.row_split; }
+  // Byte offset of logical row r from the tensor's first byte.
+  size_t row_offset(const Tensor& t, int64_t r) const {
+    if (t.row_split == 1) return static_cast<size_t>(r) * t.row_stride;
+    const int64_t k = t.row_split, n = base_rows(t);
+    const int64_t base = t.h_major ? r % n : r / k, sub = t.h_major ? r / n : r % k;
+    if (t.h_major_memory) return static_cast<size_t>(sub * n + base) * t.row_stride;
+    return static_cast<size_t>(base) * t.base_stride + static_cast<size_t>(sub) * t.row_stride;
   }
   void barrier() { pool->barrier(); }
 };
@@ -89,6 +106,12 @@ class Graph {
   int32_t add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<int32_t> srcs,
                    std::initializer_list<float> f = {}, std::initializer_list<int32_t> i = {});
   int32_t add_view(int32_t src, int64_t col_offset, int64_t n_cols);
+  // [rows, ne0] as [rows * ne0 / new_ne0, new_ne0] (or back), where memory is dense per token.
+  int32_t add_reshape(int32_t src, int64_t new_ne0);
+  // Swaps the two row axes of a reshaped tensor: (token, sub-row) <-> (sub-row, token).
+  int32_t add_permute(int32_t src);
+  // Gives a new op output the logical row layout of the tensor it is computed row by row from.
+  void copy_row_layout(int32_t out, int32_t like);
   void set_output(int32_t tensor) { output_ = tensor; }
 
   // Places activations in the arena for batches of up to max_tokens tokens and max_outputs

@@ -24,12 +24,12 @@ inline const Tensor& src_tensor(const ExecContext& ctx, const Node& n, int k) {
 inline const Tensor& out_tensor(const ExecContext& ctx, const Node& n) { return ctx.graph->tensor(n.out); }
 
 inline float* row_f32(const ExecContext& ctx, const Tensor& t, int64_t r) {
-  return reinterpret_cast<float*>(ctx.graph->data(t, ctx.arena) + r * t.row_stride);
+  return reinterpret_cast<float*>(ctx.graph->data(t, ctx.arena) + ctx.row_offset(t, r));
 }
 // Row r of an F32 operand; a one-row tensor (a weight vector) broadcasts over rows.
 inline const float* operand_row(const ExecContext& ctx, const Tensor& t, int64_t r) {
-  if (t.ne1 == 1) r = 0;
-  return reinterpret_cast<const float*>(ctx.graph->weight_or_data(t, ctx.arena) + r * t.row_stride);
+  if (t.ne1 == 1 && t.row_split == 1) r = 0;
+  return reinterpret_cast<const float*>(ctx.graph->weight_or_data(t, ctx.arena) + ctx.row_offset(t, r));
 }
 
 }  // namespace ember

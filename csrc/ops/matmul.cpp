@@ -24,8 +24,7 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
     uint8_t* work = ctx.arena + n.work_offset;
     const QuantizeRowFn quantize = ctx.kernels->of(tk.vec_dot_type).quantize_row;
     const Range rows = split(M, ith, nth);
-    for (int64_t t = rows.begin; t < rows.end; ++t)
-      quantize(reinterpret_cast<const float*>(act + t * act_stride), work + t * stride, K);
+    for (int64_t t = rows.begin; t < rows.end; ++t) quantize(operand_row(ctx, x, t), work + t * stride, K);
     ctx.barrier();
     act = work;
     act_stride = stride;
