@@ -6,6 +6,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_tile.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -27,33 +28,51 @@ void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
   }
 }
 
+#if defined(__AVX2__)
+// d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s for one weight super-block and C
+// activation blocks, as 8 float lanes to be summed. Each 2-bit plane is unpacked once for all C.
+struct Q2KTile {
+  using BX = block_q2_K;
+  using BY = block_q8_K;
+  using Acc = __m256;
+  static Acc init() { return _mm256_setzero_ps(); }
+
+  template <int C>
+  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));
+    const float xd = fp16_to_fp32(x.d), xdmin = fp16_to_fp32(x.dmin);
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(y[c][b].d * xdmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc[c]);
+      sum[c] = _mm256_setzero_si256();
+    }
+    const __m256i low2 = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
+        const __m256i scale = scales_for_32(scales, 4 * h + j);
+        for (int c = 0; c < C; ++c) {
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * j));
+          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+  }
+
+  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
+};
+#endif
+
 void vec_dot_q2_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q2_K* x = static_cast<const block_q2_K*>(vx);
   const block_q8_K* y = static_cast<const block_q8_K*>(vy);
   const int64_t nb = n / QK_K;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i low2 = _mm256_set1_epi8(3);
-  for (int64_t b = 0; b < nb; ++b) {
-    const float d = y[b].d * fp16_to_fp32(x[b].d), dmin = y[b].d * fp16_to_fp32(x[b].dmin);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales));
-    const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc);
-    __m256i sum = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * h));
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 128 * h + 32 * j));
-        sum = madd_acc_i16(sum, _mm256_maddubs_epi16(q, qy), scales_for_32(scales, 4 * h + j));
-      }
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
-  }
-  *out = hsum_f32_8(acc);
-#else
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int isum = 0, imin = 0;
@@ -69,7 +88,6 @@ void vec_dot_q2_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
     sum += y[b].d * (fp16_to_fp32(x[b].d) * isum - fp16_to_fp32(x[b].dmin) * imin);
   }
   *out = sum;
-#endif
 }
 
 EMBER_EXACT_FP_BEGIN
@@ -132,6 +150,10 @@ EMBER_EXACT_FP_END
 void register_q2_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q2_K)] = {GGMLType::Q8_K, dequantize_row_q2_k, quantize_row_q2_k,
                                                vec_dot_q2_k_q8_k};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q2_K)].vec_dot = vec_dot_k_tile<Q2KTile>;
+  t.types[static_cast<int>(GGMLType::Q2_K)].gemm_tile = gemm_tile_k<Q2KTile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS

@@ -10,6 +10,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_tile.h"
 #include "quants/simd.h"
 
 namespace ember {
@@ -61,35 +62,53 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
   }
 }
 
+#if defined(__AVX2__)
+// d dy sum_s sc_s sum((u - 4) qy), u = q + 4 (0..7), for one weight super-block and C activation
+// blocks, as 8 float lanes to be summed. Each 3-bit plane is unpacked once for all C.
+struct Q3KTile {
+  using BX = block_q3_K;
+  using BY = block_q8_K;
+  using Acc = __m256;
+  static Acc init() { return _mm256_setzero_ps(); }
+
+  template <int C>
+  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+    const PackedScales packed = unpack_scales(x.scales);
+    const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      // Start from -4 sum_s sc_s bsums_s, the correction for the +4 bias of u.
+      sum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 2));
+    }
+    const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
+        const __m256i u = _mm256_or_si256(low, _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2));
+        const __m256i scale = scales_for_32(scales, 4 * h + j);
+        for (int c = 0; c < C; ++c) {
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * j));
+          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(u, qy), scale);
+        }
+      }
+    }
+    const float xd = fp16_to_fp32(x.d);
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+  }
+
+  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
+};
+#endif
+
 void vec_dot_q3_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q3_K* x = static_cast<const block_q3_K*>(vx);
   const block_q8_K* y = static_cast<const block_q8_K*>(vy);
   const int64_t nb = n / QK_K;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
-  for (int64_t b = 0; b < nb; ++b) {
-    const PackedScales packed = unpack_scales(x[b].scales);
-    const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
-    // Start from -4 sum_s sc_s bsums_s, the correction for the +4 bias of u.
-    __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 2));
-    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].hmask));
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * h));
-      for (int j = 0; j < 4; ++j) {
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
-        const __m256i high = _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2);
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 128 * h + 32 * j));
-        const __m256i u = _mm256_or_si256(low, high);
-        sum = madd_acc_i16(sum, _mm256_maddubs_epi16(u, qy), scales_for_32(scales, 4 * h + j));
-      }
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * fp16_to_fp32(x[b].d)), _mm256_cvtepi32_ps(sum), acc);
-  }
-  *out = hsum_f32_8(acc);
-#else
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const PackedScales scales = unpack_scales(x[b].scales);
@@ -103,7 +122,6 @@ void vec_dot_q3_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
     sum += y[b].d * fp16_to_fp32(x[b].d) * isum;
   }
   *out = sum;
-#endif
 }
 
 EMBER_EXACT_FP_BEGIN
@@ -171,6 +189,10 @@ EMBER_EXACT_FP_END
 void register_q3_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q3_K)] = {GGMLType::Q8_K, dequantize_row_q3_k, quantize_row_q3_k,
                                                vec_dot_q3_k_q8_k};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q3_K)].vec_dot = vec_dot_k_tile<Q3KTile>;
+  t.types[static_cast<int>(GGMLType::Q3_K)].gemm_tile = gemm_tile_k<Q3KTile>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS
