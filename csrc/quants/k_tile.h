@@ -13,8 +13,33 @@
 #include <cstdint>
 
 #include "core/types.h"
+#include "quants/simd.h"
 
 namespace ember {
+
+// Traits whose running sums are 8 float lanes, summed at the end.
+struct LaneSums {
+  using Acc = __m256;
+  static Acc init() { return _mm256_setzero_ps(); }
+  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
+};
+
+// sum[c] += maddubs(q, the 32 activations at `offset` in block b of y[c]) * scale (int16 pairs).
+template <int C>
+inline void add_scaled_dots(__m256i sum[C], __m256i q, __m256i scale, const block_q8_K* const y[C], int64_t b,
+                            int offset) {
+  for (int c = 0; c < C; ++c) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + offset));
+    sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
+  }
+}
+
+// acc[c] += dy_c xd sum[c], in float.
+template <int C>
+inline void add_block_sums(__m256 acc[C], const __m256i sum[C], float xd, const block_q8_K* const y[C], int64_t b) {
+  for (int c = 0; c < C; ++c)
+    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+}
 
 template <typename T, int C>
 inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, const uint8_t* y,

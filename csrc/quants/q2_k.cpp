@@ -31,12 +31,9 @@ void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s for one weight super-block and C
 // activation blocks, as 8 float lanes to be summed. Each 2-bit plane is unpacked once for all C.
-struct Q2KTile {
+struct Q2KTile : LaneSums {
   using BX = block_q2_K;
   using BY = block_q8_K;
-  using Acc = __m256;
-  static Acc init() { return _mm256_setzero_ps(); }
-
   template <int C>
   static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
@@ -55,17 +52,11 @@ struct Q2KTile {
       for (int j = 0; j < 4; ++j) {
         const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
         const __m256i scale = scales_for_32(scales, 4 * h + j);
-        for (int c = 0; c < C; ++c) {
-          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * j));
-          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
-        }
+        add_scaled_dots<C>(sum, q, scale, y, b, 128 * h + 32 * j);
       }
     }
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+    add_block_sums<C>(acc, sum, xd, y, b);
   }
-
-  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
 };
 #endif
 

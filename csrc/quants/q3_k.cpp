@@ -65,12 +65,9 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum((u - 4) qy), u = q + 4 (0..7), for one weight super-block and C activation
 // blocks, as 8 float lanes to be summed. Each 3-bit plane is unpacked once for all C.
-struct Q3KTile {
+struct Q3KTile : LaneSums {
   using BX = block_q3_K;
   using BY = block_q8_K;
-  using Acc = __m256;
-  static Acc init() { return _mm256_setzero_ps(); }
-
   template <int C>
   static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
     const PackedScales packed = unpack_scales(x.scales);
@@ -90,18 +87,12 @@ struct Q3KTile {
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
         const __m256i u = _mm256_or_si256(low, _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2));
         const __m256i scale = scales_for_32(scales, 4 * h + j);
-        for (int c = 0; c < C; ++c) {
-          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * j));
-          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(u, qy), scale);
-        }
+        add_scaled_dots<C>(sum, u, scale, y, b, 128 * h + 32 * j);
       }
     }
     const float xd = fp16_to_fp32(x.d);
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+    add_block_sums<C>(acc, sum, xd, y, b);
   }
-
-  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
 };
 #endif
 

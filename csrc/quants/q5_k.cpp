@@ -55,12 +55,9 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s sum(qy) for one weight super-block and C
 // activation blocks, as 8 float lanes to be summed. Each sub-block is unpacked once for all C.
-struct Q5KTile {
+struct Q5KTile : LaneSums {
   using BX = block_q5_K;
   using BY = block_q8_K;
-  using Acc = __m256;
-  static Acc init() { return _mm256_setzero_ps(); }
-
   template <int C>
   static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
     const ScalesMins sm = unpack_scales_mins(x.scales);
@@ -86,17 +83,11 @@ struct Q5KTile {
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q4, 4 * half), low4);
         const __m256i q = _mm256_or_si256(low, _mm256_and_si256(move_bit(qh, s, 4), bit4));
         const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * s)));
-        for (int c = 0; c < C; ++c) {
-          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 32 * s));
-          sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
-        }
+        add_scaled_dots<C>(sum, q, scale, y, b, 32 * s);
       }
     }
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+    add_block_sums<C>(acc, sum, xd, y, b);
   }
-
-  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
 };
 #endif
 

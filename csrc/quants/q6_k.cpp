@@ -48,12 +48,9 @@ inline __m256i pick_scale_pair(__m256i scales, int k) {
 
 // d dy sum_j scale_j (sum(q qy) - 32 sum(qy)) for one weight super-block and C activation
 // blocks, as 8 float lanes to be summed. Each half block is unpacked once for all C.
-struct Q6KTile {
+struct Q6KTile : LaneSums {
   using BX = block_q6_K;
   using BY = block_q8_K;
-  using Acc = __m256;
-  static Acc init() { return _mm256_setzero_ps(); }
-
   template <int C>
   static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
@@ -88,8 +85,6 @@ struct Q6KTile {
       acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], offset)), acc[c]);
     }
   }
-
-  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
 };
 #endif
 
