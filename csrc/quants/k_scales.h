@@ -241,6 +241,15 @@ inline void levels_for_packed_scales_k(const float* x, const uint8_t packed[K_SC
   }
 }
 
+// Q2_K/Q3_K: 2-bit levels, value 128 h + 32 j + i at bits 2 j of qs[32 h + i].
+inline void pack_2bit_levels(const uint8_t* L, uint8_t qs[QK_K / 4]) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* q = L + 128 * h;
+    for (int i = 0; i < 32; ++i)
+      qs[32 * h + i] = static_cast<uint8_t>(q[i] | q[i + 32] << 2 | q[i + 64] << 4 | q[i + 96] << 6);
+  }
+}
+
 EMBER_EXACT_FP_END
 
 }  // namespace

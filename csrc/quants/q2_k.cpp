@@ -83,15 +83,6 @@ void vec_dot_q2_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
 
 EMBER_EXACT_FP_BEGIN
 
-// Q2_K/Q3_K: 2-bit levels, value 128 h + 32 j + i at bits 2 j of qs[32 h + i].
-inline void pack_2bit_levels(const uint8_t* L, uint8_t qs[QK_K / 4]) {
-  for (int h = 0; h < 2; ++h) {
-    const uint8_t* q = L + 128 * h;
-    for (int i = 0; i < 32; ++i)
-      qs[32 * h + i] = static_cast<uint8_t>(q[i] | q[i + 32] << 2 | q[i + 64] << 4 | q[i + 96] << 6);
-  }
-}
-
 // ggml's quantize_row_q2_K_ref: scale and min per sub-block of 16 (levels 0..3) from the weighted
 // search with weights |x| and absolute error; scales and mins quantized to 4 bits against the
 // largest of each; the values re-quantized with the stored ones.
