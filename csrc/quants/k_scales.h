@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/fp16.h"
 #include "core/types.h"
@@ -13,6 +14,38 @@
 namespace ember {
 namespace EMBER_ISA_NS {
 namespace {
+
+// The 12 scale bytes of Q4_K/Q5_K hold 8 scales and 8 mins of 6 bits (ggml's get_scale_min_k4):
+// bytes 0-3 are scales 0-3 and bytes 4-7 mins 0-3 in their low 6 bits; bytes 8-11 hold the low 4
+// bits of scales 4-7 (low nibble) and mins 4-7 (high nibble), whose top 2 bits are the top 2 bits
+// of bytes 0-3 (scales) and 4-7 (mins). Decoded as two 64-bit words, each with one set of masks:
+// `first` holds bytes scales 0-3, mins 0-3; `second` scales 4-7, mins 4-7. (Integer work, kept
+// outside the exact-float section below so that the dot kernels can inline it.)
+struct ScalesMins {
+  uint64_t first, second;
+};
+
+inline ScalesMins unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE]) {
+  uint64_t w01;
+  uint32_t w2;
+  std::memcpy(&w01, packed, 8);
+  std::memcpy(&w2, packed + 8, 4);
+  // w2's low nibbles go to the low 32 bits, its high nibbles to the high 32 bits.
+  const uint64_t nibbles = (w2 | (static_cast<uint64_t>(w2) << 28)) & 0x0F0F0F0F0F0F0F0FULL;
+  return {w01 & 0x3F3F3F3F3F3F3F3FULL, nibbles | ((w01 >> 2) & 0x3030303030303030ULL)};
+}
+
+// Byte j of these is scale j, min j.
+inline uint64_t scale_bytes(const ScalesMins& sm) { return (sm.first & 0xFFFFFFFFULL) | (sm.second << 32); }
+inline uint64_t min_bytes(const ScalesMins& sm) { return (sm.first >> 32) | (sm.second & 0xFFFFFFFF00000000ULL); }
+
+// The same as two arrays of 8.
+inline void unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE], uint8_t scales[8], uint8_t mins[8]) {
+  const ScalesMins sm = unpack_scales_mins(packed);
+  const uint64_t sb = scale_bytes(sm), mb = min_bytes(sm);
+  std::memcpy(scales, &sb, 8);
+  std::memcpy(mins, &mb, 8);
+}
 
 EMBER_EXACT_FP_BEGIN
 
@@ -215,27 +248,16 @@ inline void pack_scales_mins_k(const float scales[8], const float neg_mins[8], u
   dmin = fp32_to_fp16(max_min / 63.f);
 }
 
-// Scale and min of sub-block j from the packed bytes (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t packed[K_SCALE_SIZE], uint8_t& scale, uint8_t& min) {
-  if (j < 4) {
-    scale = packed[j] & 63;
-    min = packed[j + 4] & 63;
-  } else {
-    scale = static_cast<uint8_t>((packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4));
-    min = static_cast<uint8_t>((packed[j + 4] >> 4) | ((packed[j] >> 6) << 4));
-  }
-}
-
 // Q4_K/Q5_K: levels 0..nmax for the scales as stored (the searched levels stay where a sub-block's
 // stored scale is zero).
 inline void levels_for_packed_scales_k(const float* x, const uint8_t packed[K_SCALE_SIZE], ggml_half d16,
                                        ggml_half dmin16, int nmax, uint8_t* L) {
+  uint8_t scales[8], mins[8];
+  unpack_scales_mins(packed, scales, mins);
   for (int j = 0; j < 8; ++j) {
-    uint8_t scale, min;
-    scale_min_k4(j, packed, scale, min);
-    const float d = fp16_to_fp32(d16) * scale;
+    const float d = fp16_to_fp32(d16) * scales[j];
     if (d == 0.0f) continue;
-    const float dm = fp16_to_fp32(dmin16) * min;
+    const float dm = fp16_to_fp32(dmin16) * mins[j];
     for (int i = 0; i < 32; ++i)
       L[32 * j + i] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + i] + dm) / d), 0, nmax));
   }

@@ -2,7 +2,6 @@
 // min: value = d * scale_j * q - dmin * min_j, q a nibble. qs holds 4 chunks of 32 bytes; chunk c
 // gives sub-block 2c (low nibbles) and 2c + 1 (high nibbles). Dotted with Q8_K activations:
 // sum = dy (d sum_j scale_j sum(q qy) - dmin sum_j min_j sum(qy)), sum(qy) from the bsums.
-#include <cstring>
 
 #include "core/fp16.h"
 #include "core/kernels.h"
@@ -14,37 +13,6 @@ namespace ember {
 namespace EMBER_ISA_NS {
 
 namespace {
-
-// The 12 scale bytes hold 8 scales and 8 mins of 6 bits (ggml's get_scale_min_k4): bytes 0-3
-// are scales 0-3 and bytes 4-7 mins 0-3 in their low 6 bits; bytes 8-11 hold the low 4 bits of
-// scales 4-7 (low nibble) and mins 4-7 (high nibble), whose top 2 bits are the top 2 bits of
-// bytes 0-3 (scales) and 4-7 (mins). Decoded as two 64-bit words, each with one set of masks:
-// `first` holds bytes scales 0-3, mins 0-3; `second` scales 4-7, mins 4-7.
-struct ScalesMins {
-  uint64_t first, second;
-};
-
-inline ScalesMins unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE]) {
-  uint64_t w01;
-  uint32_t w2;
-  std::memcpy(&w01, packed, 8);
-  std::memcpy(&w2, packed + 8, 4);
-  // w2's low nibbles go to the low 32 bits, its high nibbles to the high 32 bits.
-  const uint64_t nibbles = (w2 | (static_cast<uint64_t>(w2) << 28)) & 0x0F0F0F0F0F0F0F0FULL;
-  return {w01 & 0x3F3F3F3F3F3F3F3FULL, nibbles | ((w01 >> 2) & 0x3030303030303030ULL)};
-}
-
-// The same as two arrays of 8.
-inline void unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE], uint8_t scales[8], uint8_t mins[8]) {
-  const ScalesMins sm = unpack_scales_mins(packed);
-  uint8_t bytes[16];
-  std::memcpy(bytes, &sm.first, 8);
-  std::memcpy(bytes + 8, &sm.second, 8);
-  for (int j = 0; j < 4; ++j) {
-    scales[j] = bytes[j], mins[j] = bytes[4 + j];
-    scales[4 + j] = bytes[8 + j], mins[4 + j] = bytes[12 + j];
-  }
-}
 
 void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
   const block_q4_K* x = static_cast<const block_q4_K*>(src);

@@ -1,11 +1,8 @@
 // Q5_K: 256 weights in 8 sub-blocks of 32, dotted with Q8_K activations; value = d sc q - dmin m.
 // q (0..31) = low nibble | high bit << 4. Sub-block 2 c takes the low nibbles of qs[32 c .. 32 c + 31],
 // sub-block 2 c + 1 their high nibbles; the high bit of value 32 s + i is bit s of qh[i].
-// The 8 six-bit scales sc and mins m are packed in 12 bytes (ggml's get_scale_min_k4): bytes 0..3
-// hold sc 0..3 and bytes 4..7 m 0..3 in their low 6 bits; sc 4..7 and m 4..7 take their low 4 bits
-// from the low and high nibbles of bytes 8..11 and their top 2 bits from the top of bytes 0..3 / 4..7.
+// The 8 six-bit scales sc and mins m are packed in 12 bytes as Q4_K's (see k_scales.h).
 // Dot: d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s (bsums_2s + bsums_2s+1).
-#include <cstring>
 
 #include "core/fp16.h"
 #include "core/kernels.h"
@@ -18,21 +15,6 @@ namespace EMBER_ISA_NS {
 
 namespace {
 
-// The 8 scales and 8 mins as bytes, in two words each. The 12 bytes are read as 3 little-endian words.
-struct ScalesMins {
-  uint32_t scales[2], mins[2];
-};
-
-ScalesMins unpack_scales_mins(const uint8_t* packed) {
-  uint32_t w[3];
-  std::memcpy(w, packed, sizeof(w));
-  const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, low2 = 0x03030303;
-  return {{w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4)},
-          {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)}};
-}
-
-inline int byte_of(const uint32_t* words, int i) { return (words[i / 4] >> (8 * (i % 4))) & 0xFF; }
-
 // q of value 32 s + i (0..31).
 inline int q5(const block_q5_K& x, int s, int i) {
   const int low = (x.qs[32 * (s / 2) + i] >> (4 * (s % 2))) & 0x0F;
@@ -43,10 +25,11 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
   const block_q5_K* x = static_cast<const block_q5_K*>(src);
   for (int64_t b = 0; b < n / QK_K; ++b) {
     const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
-    const ScalesMins sm = unpack_scales_mins(x[b].scales);
+    uint8_t sc[8], m[8];
+    unpack_scales_mins(x[b].scales, sc, m);
     float* out = dst + b * QK_K;
     for (int s = 0; s < 8; ++s) {
-      const float scale = d * byte_of(sm.scales, s), min = dmin * byte_of(sm.mins, s);
+      const float scale = d * sc[s], min = dmin * m[s];
       for (int i = 0; i < 32; ++i) out[32 * s + i] = scale * q5(x[b], s, i) - min;
     }
   }
@@ -63,8 +46,8 @@ struct Q5KTile : LaneSums {
     const ScalesMins sm = unpack_scales_mins(x.scales);
     // Scales and mins as int16: the 8 scales in both 128-bit halves, each min twice (against the
     // two 16-value bsums of its sub-block).
-    const __m128i scales8 = _mm_cvtepu8_epi16(_mm_setr_epi32(sm.scales[0], sm.scales[1], 0, 0));
-    const __m128i mins8 = _mm_cvtepu8_epi16(_mm_setr_epi32(sm.mins[0], sm.mins[1], 0, 0));
+    const __m128i scales8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(scale_bytes(sm))));
+    const __m128i mins8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(min_bytes(sm))));
     const __m256i scales = _mm256_set_m128i(scales8, scales8);
     const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
     const float xd = fp16_to_fp32(x.d), xdmin = fp16_to_fp32(x.dmin);
@@ -97,14 +80,15 @@ void vec_dot_q5_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const int64_t nb = n / QK_K;
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
-    const ScalesMins sm = unpack_scales_mins(x[b].scales);
+    uint8_t sc[8], m[8];
+    unpack_scales_mins(x[b].scales, sc, m);
     int isum = 0, imin = 0;
     for (int s = 0; s < 8; ++s) {
       const int8_t* qy = y[b].qs + 32 * s;
       int dot = 0;
       for (int i = 0; i < 32; ++i) dot += q5(x[b], s, i) * qy[i];
-      isum += byte_of(sm.scales, s) * dot;
-      imin += byte_of(sm.mins, s) * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
+      isum += sc[s] * dot;
+      imin += m[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
     }
     sum += y[b].d * (fp16_to_fp32(x[b].d) * isum - fp16_to_fp32(x[b].dmin) * imin);
   }
