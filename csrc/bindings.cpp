@@ -218,11 +218,6 @@ class PyGraph {
     graph_.copy_row_layout(out, like);
     return out;
   }
-  static bool evenly_strided(const Tensor& t) {
-    if (t.row_split == 1) return true;
-    if (t.h_major != t.h_major_memory) return false;
-    return t.h_major_memory || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split);
-  }
   // Ops that read the batch's positions or sequence ids row by row need the batch's token rows.
   const Tensor& token_rows(int32_t id) const {
     const Tensor& t = f32_operand(id);

@@ -108,8 +108,7 @@ int64_t Graph::max_rows(const Tensor& t) const {
 namespace {
 // Whether each base row's sub-rows lie densely, one after the other, in logical order.
 bool dense_t_major(const Tensor& t) {
-  return !t.h_major && !t.h_major_memory && t.row_stride == static_cast<size_t>(t.ne0) * sizeof(float) &&
-         (t.row_split == 1 || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split));
+  return !t.h_major && evenly_strided(t) && t.row_stride == static_cast<size_t>(t.ne0) * sizeof(float);
 }
 }  // namespace
 

@@ -49,6 +49,13 @@ struct Tensor {
   int32_t producer = -1;      // node that writes it (-1 for weights and views)
 };
 
+// Whether logical row r lies at r * row_stride (what matmul and the output copy need).
+inline bool evenly_strided(const Tensor& t) {
+  if (t.row_split == 1) return true;
+  if (t.h_major != t.h_major_memory) return false;
+  return t.h_major_memory || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split);
+}
+
 struct Node {
   Op op = Op::Input;
   int32_t out = -1;           // tensor id
