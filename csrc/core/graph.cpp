@@ -169,7 +169,11 @@ size_t Graph::node_work_size(const Node& n) const {
       const Tensor &w = tensors_[n.src[0]], &x = tensors_[n.src[1]];
       GGMLType vdt = kernels_->of(w.type).vec_dot_type;
       if (vdt == GGMLType::F32) return 0;
-      return static_cast<size_t>(max_rows(x)) * align_up(row_bytes(vdt, w.ne0));
+      const size_t rows = static_cast<size_t>(max_rows(x)) * align_up(row_bytes(vdt, w.ne0));
+      if (!kernels_->of(w.type).gemm_panel) return rows;
+      // Then the same rows repacked into panels of kPanelTokens (ops/matmul.cpp).
+      const size_t n_panels = (static_cast<size_t>(max_rows(x)) + kPanelTokens - 1) / kPanelTokens;
+      return rows + n_panels * static_cast<size_t>(w.ne0 / 32) * kPanelBlockBytes;
     }
     case Op::Attention:
       // Per thread: scores over the context and an output accumulator, for up to 4 query heads

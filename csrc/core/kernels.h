@@ -25,6 +25,16 @@ using VecDotFn = void (*)(int64_t n, float* out, const void* x, const void* y);
 using GemmTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void* x, size_t x_stride,
                             const void* y, size_t y_stride, int n_rows, int n_cols);
 
+// Activation panels (AVX-512): kPanelTokens activation rows repacked block by block so that one
+// instruction multiplies a weight row's 4 bytes with every token (quants/panel.h).
+constexpr int kPanelTokens = 16;
+constexpr size_t kPanelBlockBytes = 8 * kPanelTokens * 4 + 3 * kPanelTokens * 4;  // per 32 elements
+// Packs n_cols <= kPanelTokens activation rows (the vec_dot_type) of n elements into one panel.
+using PackPanelFn = void (*)(int64_t n, const void* y, size_t y_stride, int n_cols, void* panel);
+// out[c * out_stride + r] = dot(x row r, token c of the panel) for r < n_rows, c < n_cols.
+using GemmPanelFn = void (*)(int64_t n, float* out, size_t out_stride, const void* x, size_t x_stride,
+                             const void* panel, int n_rows, int n_cols);
+
 struct TypeKernels {
   GGMLType vec_dot_type = GGMLType::F32;  // the format activations are converted to
   DequantizeRowFn dequantize_row = nullptr;
@@ -32,6 +42,8 @@ struct TypeKernels {
   VecDotFn vec_dot = nullptr;
   GemmTileFn gemm_tile = nullptr;  // optional; the matmul falls back to vec_dot
   int tile_rows = 0, tile_cols = 0;  // preferred tile shape for gemm_tile
+  PackPanelFn pack_panel = nullptr;  // for activation types whose weights have gemm_panel
+  GemmPanelFn gemm_panel = nullptr;  // optional; for prompts, with the activations in panels
 };
 
 enum class Op : int32_t {

@@ -2,6 +2,9 @@
 // row by row, to the weight type's vec_dot_type (an 8-bit block format for quantized weights),
 // then each thread computes a contiguous range of weight rows for all tokens, in tiles of
 // kRowTile weight rows x kColTile tokens so each weight block is reused while it is in cache.
+// With kPanelMinTokens tokens or more, types that have a panel kernel (AVX-512) get their
+// activations repacked into panels of kPanelTokens tokens once per call, and each tile of
+// weight rows is multiplied with every panel while it is in cache.
 #include "ops/common.h"
 
 namespace ember {
@@ -11,6 +14,39 @@ namespace {
 
 constexpr int64_t kRowTile = 16;
 constexpr int64_t kColTile = 8;
+constexpr int64_t kPanelMinTokens = 16;
+
+// Thread ith's share of the weight rows, in whole tiles of kRowTile.
+Range row_tiles(int64_t n_rows, int ith, int nth) {
+  const Range tiles = split((n_rows + kRowTile - 1) / kRowTile, ith, nth);
+  return {tiles.begin * kRowTile, std::min(n_rows, tiles.end * kRowTile)};
+}
+
+void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint8_t* act, size_t act_stride) {
+  const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
+  const TypeKernels& tk = ctx.kernels->of(w.type);
+  const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
+  const int64_t n_panels = (M + kPanelTokens - 1) / kPanelTokens;
+  const size_t panel_bytes = static_cast<size_t>(K / 32) * kPanelBlockBytes;
+  uint8_t* panels = ctx.arena + n.work_offset + M * act_stride;  // after the quantized rows
+  const PackPanelFn pack = ctx.kernels->of(tk.vec_dot_type).pack_panel;
+  const Range mine = split(n_panels, ith, nth);
+  for (int64_t p = mine.begin; p < mine.end; ++p)
+    pack(K, act + p * kPanelTokens * act_stride, act_stride, static_cast<int>(std::min<int64_t>(kPanelTokens, M - p * kPanelTokens)),
+         panels + p * panel_bytes);
+  ctx.barrier();
+
+  const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
+  float* out = row_f32(ctx, y, 0);
+  const size_t out_stride = y.row_stride / sizeof(float);
+  const Range rows = row_tiles(N, ith, nth);
+  for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowTile) {
+    const int n_rows = static_cast<int>(std::min(kRowTile, rows.end - r0));
+    for (int64_t p = 0; p < n_panels; ++p)
+      tk.gemm_panel(K, out + p * kPanelTokens * out_stride + r0, out_stride, weights + r0 * w.row_stride, w.row_stride,
+                    panels + p * panel_bytes, n_rows, static_cast<int>(std::min<int64_t>(kPanelTokens, M - p * kPanelTokens)));
+  }
+}
 
 void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
@@ -28,16 +64,18 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
     ctx.barrier();
     act = work;
     act_stride = stride;
+    if (tk.gemm_panel && M >= kPanelMinTokens) return matmul_panels(n, ctx, ith, nth, act, act_stride);
   }
 
   const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
   float* out = row_f32(ctx, y, 0);
   const size_t out_stride = y.row_stride / sizeof(float);
-  // Split weight rows between threads in whole tiles.
-  const int64_t n_tiles = (N + kRowTile - 1) / kRowTile;
-  const Range tiles = split(n_tiles, ith, nth);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    const int64_t r0 = tile * kRowTile, r1 = std::min(N, r0 + kRowTile);
+  // Split weight rows between threads in whole tiles. With a single column tile (decode), a
+  // thread's rows go to the kernel in one call, so its per-call work on the activations is done once.
+  const Range rows = row_tiles(N, ith, nth);
+  const int64_t row_step = M <= kColTile ? std::max<int64_t>(1, rows.end - rows.begin) : kRowTile;
+  for (int64_t r0 = rows.begin; r0 < rows.end; r0 += row_step) {
+    const int64_t r1 = std::min(rows.end, r0 + row_step);
     for (int64_t c0 = 0; c0 < M; c0 += kColTile) {
       const int64_t c1 = std::min(M, c0 + kColTile);
       if (tk.gemm_tile) {

@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
+#include "quants/panel.h"
 #include "quants/simd.h"
 #include "quants/tile.h"
 
@@ -75,7 +76,9 @@ struct Q4_0Tile {
   using BX = block_q4_0;
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
+  static constexpr int kZeroShift = 3;  // z = 8
   static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
   static __m256i y_sums(__m256i qy) { return zero_point_sums(qy, 8); }
   static __m256 dot(__m256i qx, __m256i qy, __m256i ys) { return dot_offset_u8_i8_f32(qx, qy, ys); }
 };
@@ -84,7 +87,9 @@ struct Q4_1Tile {
   using BX = block_q4_1;
   using BY = block_q8_1;
   static constexpr bool kOffset = true;
+  static constexpr int kZeroShift = -1;
   static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
   static __m256i y_sums(__m256i qy) { return qy; }
   static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_u8_i8_f32(qx, qy); }
 };
@@ -141,6 +146,10 @@ void register_q4(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_0)].gemm_tile = gemm_tile<Q4_0Tile>;
   t.types[static_cast<int>(GGMLType::Q4_1)].vec_dot = vec_dot_tile<Q4_1Tile>;
   t.types[static_cast<int>(GGMLType::Q4_1)].gemm_tile = gemm_tile<Q4_1Tile>;
+#endif
+#if defined(EMBER_HAS_PANELS)
+  use_avx512_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);
+  use_avx512_kernels<Q4_1Tile>(t.types[static_cast<int>(GGMLType::Q4_1)]);
 #endif
 }
 

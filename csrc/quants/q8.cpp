@@ -4,6 +4,7 @@
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/panel.h"
 #include "quants/simd.h"
 #include "quants/tile.h"
 
@@ -79,7 +80,9 @@ struct Q8_0Tile {
   using BX = block_q8_0;
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
+  static constexpr int kZeroShift = 7;  // unsigned as q + 128
   static __m256i unpack(const BX& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
+  static __m256i unpack_unsigned(const BX& b) { return _mm256_xor_si256(unpack(b), _mm256_set1_epi8(char(0x80))); }
   static __m256i y_sums(__m256i qy) { return qy; }
   static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_i8_i8_f32(qx, qy); }
 };
@@ -94,6 +97,11 @@ void register_q8(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q8_0)].vec_dot = vec_dot_tile<Q8_0Tile>;
   t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
+#endif
+#if defined(EMBER_HAS_PANELS)
+  use_avx512_kernels<Q8_0Tile>(t.types[static_cast<int>(GGMLType::Q8_0)]);
+  t.types[static_cast<int>(GGMLType::Q8_0)].pack_panel = pack_panel<block_q8_0>;
+  t.types[static_cast<int>(GGMLType::Q8_1)].pack_panel = pack_panel<block_q8_1>;
 #endif
 }
 

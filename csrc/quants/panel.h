@@ -1,0 +1,231 @@
+// AVX-512 (VNNI) kernels for the 32-weight block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+//
+// Every (weight row, token) pair is summed in one order, whichever kernel computes it:
+//   S = 0; for each block b in order:  S = fma(float(isum_b), dx_b * dy_b, S)
+//   O = 0; for each block b in order:  O = fma(mx_b, sy_b, O)       (offset types only)
+//   result = S + O
+// where isum_b is the block's exact integer dot product, zero point included:
+// sum (qx - z) qy = sum qx qy - z sum qy. So a token gets the same bits alone, in a batched
+// decode step or inside a prompt, and the server's batched decode equals single decoding.
+// Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
+//
+// Two shapes of lanes:
+// - rows in lanes (decode, small batches): 8 weight rows' per-block integer sums are reduced
+//   into one vector of 8 lanes, then scaled and accumulated for all 8 rows at once;
+// - tokens in lanes (prompt processing): the activations of 16 tokens are repacked once per
+//   matmul into a panel, block by block, with token t's elements 4k..4k+3 in lane t of chunk k;
+//   one vpdpbusd then multiplies a broadcast 4-byte group of one weight row with all 16
+//   tokens, and 8 of them give the block's 16 integer sums. The float work per block is one
+//   conversion and one FMA for 16 (row, token) pairs.
+//
+// A type plugs in through the traits of tile.h plus:
+//   unpack_unsigned(const BX&) -> __m256i   the 32 quants as unsigned bytes (Q8_0: q + 128)
+//   kZeroShift                              log2 of the zero point z, or -1 for none
+#pragma once
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define EMBER_HAS_PANELS 1
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/fp16.h"
+#include "core/kernels.h"
+#include "core/types.h"
+#include "quants/simd.h"
+#include "quants/tile.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+// One block of a 16-token activation panel (see kernels.h: kPanelTokens, kPanelBlockBytes).
+struct PanelBlock {
+  int8_t qs[8][kPanelTokens][4];  // chunk k: token t's elements 4k .. 4k + 3
+  float d[kPanelTokens];          // the token's block scale
+  int32_t qsum[kPanelTokens];     // sum of the token's 32 quants (for the zero point)
+  float s[kPanelTokens];          // Q8_1: the block's s = d * sum(q), as stored (f16 -> f32)
+};
+static_assert(sizeof(PanelBlock) == kPanelBlockBytes, "PanelBlock");
+
+// Packs n_cols (<= 16) activation rows of Q8_0 or Q8_1 blocks into one panel; the lanes of
+// missing tokens are zero.
+template <typename BY>
+void pack_panel(int64_t n, const void* vy, size_t y_stride, int n_cols, void* vpanel) {
+  const int64_t nb = n / 32;
+  PanelBlock* panel = static_cast<PanelBlock*>(vpanel);
+  const uint8_t* y = static_cast<const uint8_t*>(vy);
+  for (int64_t b = 0; b < nb; ++b) {
+    PanelBlock& p = panel[b];
+    std::memset(&p, 0, sizeof(p));
+    for (int t = 0; t < n_cols; ++t) {
+      const BY& yb = reinterpret_cast<const BY*>(y + t * y_stride)[b];
+      for (int k = 0; k < 8; ++k) std::memcpy(p.qs[k][t], yb.qs + 4 * k, 4);
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) sum += yb.qs[j];
+      p.d[t] = fp16_to_fp32(yb.d);
+      p.qsum[t] = sum;
+      if constexpr (sizeof(BY) == sizeof(block_q8_1)) p.s[t] = fp16_to_fp32(reinterpret_cast<const block_q8_1&>(yb).s);
+    }
+  }
+}
+
+// The 8 lanes of each of 8 vectors summed: lane r of the result is the sum of p[r].
+inline __m256i sum_lanes_8x8(const __m256i p[8]) {
+  const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+  const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+template <typename T>
+inline int zero_point_sum(__m256i qy) {
+  if constexpr (T::kZeroShift < 0) return 0;
+  else return hsum_i32_8(dot_u8_i8_i32(_mm256_set1_epi8(1), qy)) << T::kZeroShift;
+}
+
+// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
+template <typename T, int C>
+inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                         const uint8_t* y, size_t y_stride) {
+  using BX = typename T::BX;
+  using BY = typename T::BY;
+  const BX* xr[8];
+  for (int r = 0; r < 8; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
+  const BY* yc[C];
+  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  __m256 S[C], O[C];
+  for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
+  const size_t prefetch_from = 16 * x_stride, prefetch_step = (8 * x_stride / nb + 63) & ~size_t(63);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i qy[C], p[C][8];
+    for (int c = 0; c < C; ++c) qy[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
+    // 8 rows advance together, a pattern the hardware prefetcher does not follow: each block
+    // step fetches its share of the 8 rows after the next 8 (rows follow each other in memory).
+    for (size_t line = b * prefetch_step; line < (b + 1) * prefetch_step; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(x) + prefetch_from + line, _MM_HINT_T1);
+    for (int r = 0; r < 8; ++r) {
+      const __m256i qx = T::unpack_unsigned(xr[r][b]);
+      for (int c = 0; c < C; ++c) p[c][r] = dot_u8_i8_i32(qx, qy[c]);
+    }
+    const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
+    for (int c = 0; c < C; ++c) {
+      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p[c]), _mm256_set1_epi32(zero_point_sum<T>(qy[c])));
+      const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].d)));
+      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
+    }
+    if constexpr (T::kOffset) {
+      const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
+      for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].s)), O[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
+    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
+  }
+}
+
+// The kernel table's gemm_tile: any rows x up to 8 tokens, 8 rows and 4, 2 or 1 tokens a pass.
+template <typename T>
+void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
+               size_t y_stride, int n_rows, int n_cols) {
+  const int64_t nb = n / 32;
+  const uint8_t* x = static_cast<const uint8_t*>(vx);
+  const uint8_t* y = static_cast<const uint8_t*>(vy);
+  for (int r = 0; r < n_rows; r += 8) {
+    const int rows = std::min(8, n_rows - r);
+    float* o = out + r;
+    const uint8_t* xr = x + r * x_stride;
+    int c = 0;
+    for (; c + 4 <= n_cols; c += 4) rows8_kernel<T, 4>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
+    for (; c + 2 <= n_cols; c += 2) rows8_kernel<T, 2>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
+    for (; c < n_cols; ++c) rows8_kernel<T, 1>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
+  }
+}
+
+// One row times one activation row, in the same order (the lanes of rows8_kernel, one at a time).
+template <typename T>
+void vec_dot_rows(int64_t n, float* out, const void* vx, const void* vy) {
+  const auto* x = static_cast<const typename T::BX*>(vx);
+  const auto* y = static_cast<const typename T::BY*>(vy);
+  float S = 0.0f, O = 0.0f;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    const int isum = hsum_i32_8(dot_u8_i8_i32(T::unpack_unsigned(x[b]), qy)) - zero_point_sum<T>(qy);
+    S = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), S);
+    if constexpr (T::kOffset) O = std::fma(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), O);
+  }
+  *out = S + O;
+}
+
+// R weight rows x one panel of up to 16 tokens.
+template <typename T, int R>
+inline void panel_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride,
+                         const PanelBlock* panel, int n_cols) {
+  using BX = typename T::BX;
+  const BX* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const BX*>(x + r * x_stride);
+  __m512 S[R], O[R];
+  for (int r = 0; r < R; ++r) S[r] = O[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock& p = panel[b];
+    alignas(32) int32_t w[R][8];
+    for (int r = 0; r < R; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(w[r]), T::unpack_unsigned(xr[r][b]));
+    // Reload each 4-byte group as a broadcast from memory (a load, no shuffle): without this
+    // barrier the compiler extracts and broadcasts them in registers, two shuffles each.
+    __asm__ volatile("" : : "r"(w) : "memory");
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; ++k) {
+      const __m512i a = _mm512_load_si512(p.qs[k]);
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(w[r][k]), a);
+    }
+    const __m512 dy = _mm512_load_ps(p.d);
+    if constexpr (T::kZeroShift >= 0) {
+      const __m512i zero_sums = _mm512_slli_epi32(_mm512_load_si512(p.qsum), T::kZeroShift);
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_sub_epi32(isum[r], zero_sums);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 dxdy = _mm512_mul_ps(dy, _mm512_set1_ps(fp16_to_fp32(xr[r][b].d)));
+      S[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dxdy, S[r]);
+    }
+    if constexpr (T::kOffset) {
+      const __m512 sy = _mm512_load_ps(p.s);
+      for (int r = 0; r < R; ++r) O[r] = _mm512_fmadd_ps(_mm512_set1_ps(fp16_to_fp32(xr[r][b].m)), sy, O[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float sums[kPanelTokens];
+    _mm512_store_ps(sums, _mm512_add_ps(S[r], O[r]));
+    for (int c = 0; c < n_cols; ++c) out[c * out_stride + r] = sums[c];
+  }
+}
+
+// The kernel table's gemm_panel: n_rows weight rows x the panel's n_cols tokens.
+template <typename T>
+void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panel,
+                int n_rows, int n_cols) {
+  const int64_t nb = n / 32;
+  const uint8_t* x = static_cast<const uint8_t*>(vx);
+  const PanelBlock* p = static_cast<const PanelBlock*>(panel);
+  int r = 0;
+  for (; r + 8 <= n_rows; r += 8) panel_kernel<T, 8>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
+  for (; r + 4 <= n_rows; r += 4) panel_kernel<T, 4>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
+  for (; r < n_rows; ++r) panel_kernel<T, 1>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
+}
+
+// Points a weight type's kernels at the AVX-512 ones.
+template <typename T>
+void use_avx512_kernels(TypeKernels& k) {
+  k.vec_dot = vec_dot_rows<T>;
+  k.gemm_tile = gemm_rows<T>;
+  k.gemm_panel = gemm_panel<T>;
+}
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember
+#endif
