@@ -295,6 +295,21 @@ def test_unknown_type_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_help_names_every_preset(capsys):
+    with pytest.raises(SystemExit):
+        main(["quantize", "--help"])
+    assert set(PRESETS) <= set(capsys.readouterr().out.split())
+
+
+def test_output_file_mode_follows_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        out = quantize_file(tiny_model(tmp_path / "in.gguf"), tmp_path / "out.gguf", "Q8_0").output
+    finally:
+        os.umask(previous)
+    assert out.stat().st_mode & 0o777 == 0o640
+
+
 def test_quantized_input_needs_allow_requantize(tmp_path, capsys):
     source = tiny_model(tmp_path / "in.gguf", matrix_type=T.Q8_0)
     code, err = run_cli(["quantize", str(source), str(tmp_path / "out.gguf"), "Q4_0"], capsys)

@@ -124,6 +124,7 @@ class GGUFWriter:
                 for tensor in self._tensors.values():
                     written = _write_tensor(out, tensor)
                     out.write(bytes(align(written, self.alignment) - written))
+            os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp's 0600 -> what open() would have given
             os.replace(tmp_name, self.path)
         except BaseException:
             os.unlink(tmp_name)
@@ -141,6 +142,12 @@ class GGUFWriter:
             offset += align(t.n_bytes, self.alignment)
         head += bytes(align(len(head), self.alignment) - len(head))
         return bytes(head)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # ---------------------------------------------------------------------- value specs
