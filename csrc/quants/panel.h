@@ -101,19 +101,18 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const size_t prefetch_from = 16 * x_stride, prefetch_step = (8 * x_stride / nb + 63) & ~size_t(63);
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i qy[C], p[C][8];
-    for (int c = 0; c < C; ++c) qy[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
     // 8 rows advance together, a pattern the hardware prefetcher does not follow: each block
     // step fetches its share of the 8 rows after the next 8 (rows follow each other in memory).
     for (size_t line = b * prefetch_step; line < (b + 1) * prefetch_step; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(x) + prefetch_from + line, _MM_HINT_T1);
-    for (int r = 0; r < 8; ++r) {
-      const __m256i qx = T::unpack_unsigned(xr[r][b]);
-      for (int c = 0; c < C; ++c) p[c][r] = dot_u8_i8_i32(qx, qy[c]);
-    }
+    __m256i qx[8];
+    for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
-    for (int c = 0; c < C; ++c) {
-      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p[c]), _mm256_set1_epi32(zero_point_sum<T>(qy[c])));
+    for (int c = 0; c < C; ++c) {  // one token at a time: 8 products in registers, not 8 C
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
+      __m256i p[8];
+      for (int r = 0; r < 8; ++r) p[r] = dot_u8_i8_i32(qx[r], qy);
+      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p), _mm256_set1_epi32(zero_point_sum<T>(qy)));
       const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].d)));
       S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
     }
