@@ -128,18 +128,102 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   }
 }
 
-// The kernel table's gemm_tile: any rows x up to 8 tokens, 8 rows and 4, 2 or 1 tokens a pass.
+// Four tokens' activations for quad_kernel, block by block: in qs[h], lane 4 k + t holds token
+// t's bytes 4 (4 h + k) .. 4 (4 h + k) + 3; the other fields hold token t's value in lane 4 r + t
+// for every r, the lane layout of the results.
+struct QuadBlock {
+  int8_t qs[2][4][4][4];
+  float d[16];
+  int32_t zero[16];  // z sum(q)
+  float s[16];       // Q8_1's s
+};
+constexpr int64_t kMaxQuadBlocks = 160;  // rows of up to 5120 weights (50 KiB of QuadBlocks)
+
+template <typename T>
+void fill_quad_blocks(int64_t nb, const uint8_t* y, size_t y_stride, QuadBlock* q) {
+  using BY = typename T::BY;
+  for (int t = 0; t < 4; ++t) {
+    const BY* row = reinterpret_cast<const BY*>(y + t * y_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int g = 0; g < 8; ++g) std::memcpy(q[b].qs[g / 4][g % 4][t], row[b].qs + 4 * g, 4);
+      const float d = fp16_to_fp32(row[b].d);
+      const int zero = zero_point_sum<T>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs)));
+      float s = 0.0f;
+      if constexpr (T::kOffset) s = fp16_to_fp32(row[b].s);
+      for (int r = 0; r < 4; ++r) q[b].d[4 * r + t] = d, q[b].zero[4 * r + t] = zero, q[b].s[4 * r + t] = s;
+    }
+  }
+}
+
+// 4 weight rows (rows past n_rows repeat the last one) x 4 tokens, result (row r, token t) in
+// lane 4 r + t. Each row's 4-byte groups are spread over the token lanes by one permute per half
+// block, two vpdpbusd give each lane the sums of groups k and k + 4, and the four partial sums of
+// a (row, token) pair, one per 128-bit quarter, are added across the rows' vectors.
+template <typename T>
+inline void quad_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                        const QuadBlock* q) {
+  using BX = typename T::BX;
+  const BX* xr[4];
+  for (int r = 0; r < 4; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
+  const __m512i spread_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
+  const __m512i row_of_lane = spread_lo;  // lane 4 r + t -> r
+  __m512 S = _mm512_setzero_ps(), O = _mm512_setzero_ps();
+  const size_t prefetch_from = 8 * x_stride, prefetch_step = (4 * x_stride / nb + 63) & ~size_t(63);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (size_t line = b * prefetch_step; line < (b + 1) * prefetch_step; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(x) + prefetch_from + line, _MM_HINT_T1);
+    const __m512i a_lo = _mm512_loadu_si512(q[b].qs[0]), a_hi = _mm512_loadu_si512(q[b].qs[1]);
+    __m512i acc[4];
+    for (int r = 0; r < 4; ++r) {
+      const __m512i w = _mm512_castsi256_si512(T::unpack_unsigned(xr[r][b]));
+      acc[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_permutexvar_epi32(spread_lo, w), a_lo);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_permutexvar_epi32(spread_hi, w), a_hi);
+    }
+    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(acc[0], acc[1], 0x44), _mm512_shuffle_i32x4(acc[0], acc[1], 0xEE));
+    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(acc[2], acc[3], 0x44), _mm512_shuffle_i32x4(acc[2], acc[3], 0xEE));
+    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xDD));
+    const __m512i isum = _mm512_sub_epi32(sums, _mm512_loadu_si512(q[b].zero));
+    const __m128 dx4 = _mm256_castps256_ps128(f16x8([&](int i) { return xr[i][b].d; }, 4));
+    const __m512 dx = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(dx4));
+    S = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, _mm512_loadu_ps(q[b].d)), S);
+    if constexpr (T::kOffset) {
+      const __m128 mx4 = _mm256_castps256_ps128(f16x8([&](int i) { return xr[i][b].m; }, 4));
+      O = _mm512_fmadd_ps(_mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(mx4)), _mm512_loadu_ps(q[b].s), O);
+    }
+  }
+  alignas(64) float result[16];
+  _mm512_store_ps(result, _mm512_add_ps(S, O));
+  for (int r = 0; r < n_rows; ++r)
+    for (int t = 0; t < 4; ++t) out[t * out_stride + r] = result[4 * r + t];
+}
+
+// n_rows weight rows x 4 tokens.
+template <typename T>
+inline void quad_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                      const uint8_t* y, size_t y_stride) {
+  QuadBlock q[kMaxQuadBlocks];
+  fill_quad_blocks<T>(nb, y, y_stride, q);
+  for (int r = 0; r < n_rows; r += 4)
+    quad_kernel<T>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(4, n_rows - r), q);
+}
+
+// The kernel table's gemm_tile: any rows x up to 8 tokens; 4 tokens at a time through quad_kernel
+// (rows of up to kMaxQuadBlocks blocks), the rest 8 rows and 2 or 1 tokens a pass.
 template <typename T>
 void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                size_t y_stride, int n_rows, int n_cols) {
   const int64_t nb = n / 32;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
+  int c0 = 0;
+  if (nb <= kMaxQuadBlocks)
+    for (; c0 + 4 <= n_cols; c0 += 4) quad_rows<T>(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
   for (int r = 0; r < n_rows; r += 8) {
     const int rows = std::min(8, n_rows - r);
     float* o = out + r;
     const uint8_t* xr = x + r * x_stride;
-    int c = 0;
+    int c = c0;
     for (; c + 4 <= n_cols; c += 4) rows8_kernel<T, 4>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
     for (; c + 2 <= n_cols; c += 2) rows8_kernel<T, 2>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
     for (; c < n_cols; ++c) rows8_kernel<T, 1>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
