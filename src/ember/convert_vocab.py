@@ -16,7 +16,6 @@ files gets tokenizer.ggml.model "none".
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from enum import IntEnum
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import EmberError
+from ember.hf_checkpoint import read_json
 
 
 class TokenType(IntEnum):
@@ -56,7 +56,7 @@ def vocab_metadata(path: Path, arch: str, config: dict) -> dict[str, Any]:
         if arch == "gemma3":
             meta["tokenizer.ggml.add_space_prefix"] = False
     elif hf_json.is_file():
-        tokenizer = _read_json(hf_json)
+        tokenizer = read_json(hf_json)
         if arch == "llama" and _is_byte_fallback_bpe(tokenizer):
             meta = _llama_hf_vocab(tokenizer, _read_json_if(path / "tokenizer_config.json"), n_vocab)
         else:
@@ -367,15 +367,5 @@ def _chat_template(path: Path, tokenizer_config: dict) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EmberError(f"cannot read {path}: {exc}") from None
-    if not isinstance(value, dict):
-        raise EmberError(f"{path} does not hold a JSON object")
-    return value
-
-
 def _read_json_if(path: Path) -> dict:
-    return _read_json(path) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}

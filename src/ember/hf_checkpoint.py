@@ -85,10 +85,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise EmberError(f"{path} has no config.json; is it a Hugging Face model folder?")
-    return Checkpoint(path, _read_json(config_path))
+    return Checkpoint(path, read_json(config_path))
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON file holding an object; EmberError naming the file otherwise."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -101,7 +102,7 @@ def _read_json(path: Path) -> dict:
 def _safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise EmberError(f"{index} has no weight_map")
         files = [path / name for name in dict.fromkeys(weight_map.values())]

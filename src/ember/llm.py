@@ -50,7 +50,7 @@ class LLM:
         path = resolve_model(model)
         gguf = open_gguf(path)
         runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-        self._setup(runtime, Tokenizer.from_gguf(gguf), None, _model_name(model), seed)
+        self._setup(runtime, Tokenizer.from_gguf(gguf), None, model_name(model), seed)
 
     @classmethod
     def from_components(cls, model, tokenizer, chat_template=None, name: str = "model",
@@ -207,7 +207,8 @@ def load(model: str | os.PathLike, **kwargs) -> LLM:
     return LLM(model, **kwargs)
 
 
-def _model_name(model: str | os.PathLike) -> str:
+def model_name(model: str | os.PathLike) -> str:
+    """The name a model is served and reported under: its file name without .gguf."""
     return Path(os.fspath(model)).name.removesuffix(".gguf")
 
 

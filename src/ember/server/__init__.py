@@ -23,7 +23,7 @@ def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = N
     """The app and its scheduler (started) for a registry model name or .gguf path."""
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
-    from ember.llm import LLM, _model_name
+    from ember.llm import LLM, model_name
     from ember.runtime import Model
     from ember.server.app import create_app
     from ember.server.metrics import Metrics
@@ -32,7 +32,7 @@ def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = N
 
     gguf = open_gguf(resolve_model(model))
     runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_seq=parallel)
-    llm = LLM.from_components(runtime, Tokenizer.from_gguf(gguf), name=_model_name(model))
+    llm = LLM.from_components(runtime, Tokenizer.from_gguf(gguf), name=model_name(model))
     llm.chat_template  # parse the template now: a broken one fails at start, not per request
     metrics = Metrics()
     scheduler = Scheduler(runtime, llm.tokenizer, queue_size=queue_size, metrics=metrics).start()
