@@ -94,43 +94,6 @@ inline void weighted_values(float* acc, const float* w, size_t w_stride, KVCache
   }
 }
 
-// Lane-parallel max and sum of x[0 .. n): kLanes partial results combined in a fixed order, so
-// the loops vectorize (a single running sum or max would not) and the result depends on n alone.
-constexpr int kLanes = 16;
-
-inline float max_of(const float* x, int64_t n) {
-  float lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = -INFINITY;
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[j + l]);
-  for (; j < n; ++j) lanes[0] = std::max(lanes[0], x[j]);
-  float m = lanes[0];
-  for (int l = 1; l < kLanes; ++l) m = std::max(m, lanes[l]);
-  return m;
-}
-
-inline float sum_of(const float* x, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
-  for (; j < n; ++j) lanes[0] += x[j];
-  float s = 0.0f;
-  for (int l = 0; l < kLanes; ++l) s += lanes[l];
-  return s;
-}
-
-// Scores s[0 .. n) -> exp(s * scale (soft-capped) - max) in place; returns 1 / their sum.
-inline float softmax_numerators(float* s, int64_t n, float scale, float softcap) {
-  for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-  if (softcap > 0.0f)
-    for (int64_t j = 0; j < n; ++j) s[j] = softcap * tanh_approx(s[j] / softcap);
-  const float max_score = max_of(s, n);
-  for (int64_t j = 0; j < n; ++j) s[j] = exp_approx(s[j] - max_score);
-  return 1.0f / sum_of(s, n);
-}
-
 // Heads h0 .. h0 + G - 1 of token t, all on KV head kvh: scores over the visible positions,
 // softmax, the weighted sum of values. scores: G x n_ctx floats, acc: G x head_dim.
 template <int G>
@@ -144,7 +107,22 @@ void attend_heads(const Node& n, ExecContext& ctx, KVCache& cache, int64_t t, in
   for (int64_t j = first; j <= pos; ++j)
     dots_f32_f16<G>(q, cache.k_row(seq, j) + kvh * head_dim, head_dim, scores + j, n_ctx);
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) inv_sum[g] = softmax_numerators(scores + g * n_ctx + first, pos - first + 1, scale, softcap);
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * n_ctx;
+    float max_score = -INFINITY;
+    for (int64_t j = first; j <= pos; ++j) {
+      float s = sg[j] * scale;
+      if (softcap > 0.0f) s = softcap * tanh_approx(s / softcap);
+      sg[j] = s;
+      max_score = std::max(max_score, s);
+    }
+    float sum = 0.0f;
+    for (int64_t j = first; j <= pos; ++j) {
+      sg[j] = exp_approx(sg[j] - max_score);
+      sum += sg[j];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
   weighted_values<G>(acc, scores, n_ctx, cache, seq, kvh * head_dim, first, pos, head_dim);
   float* y = row_f32(ctx, out_tensor(ctx, n), t) + h0 * head_dim;
   for (int g = 0; g < G; ++g)
