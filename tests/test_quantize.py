@@ -217,35 +217,30 @@ def test_k_quant_mix_file_equals_llama_quantize(tmp_path):
     assert sha256_of(out.output) == fixture("smollm2-135m")["files"]["Q4_K_M"]
 
 
-TEXT = ("The history of natural language processing generally started in the 1950s, although work can be "
-        "found from earlier periods. In 1950, Alan Turing published an article titled Computing Machinery and "
-        "Intelligence which proposed what is now called the Turing test as a criterion of intelligence.")
-
-
 @pytest.mark.model
 def test_cli_output_runs_in_ember_like_the_original(smollm_q8_0):
-    """Logits of the Q8_0 file against the original Q4_1 file's, at each of 64 positions. Three
-    effects separate them, each of which alone keeps every cosine >= 0.994 on this text: the Q8_0
-    re-encoding (both files dequantized to F32 and run in F32), and the 8-bit activations of each
-    run (a file against its own F32 copy). Together: cosine >= 0.98 everywhere, >= 0.998 on
-    average, and the same top-1 token wherever the top-2 margin is clear (as in test_models_real).
-    The kernels of each ISA round differently (the AVX-512 attention sums 16 lanes, not 8), and
-    8-bit activations turn that into different logits: measured on this text, mean cosine 0.99935
-    (scalar), 0.99922 (AVX2), 0.99878 (AVX-512), while each run against transformers keeps a
-    mean of 0.9993 or more."""
+    """The Q8_0 file, run by ember, at each of 64 positions of test_models_real's text: against transformers on the
+    same file, every cosine >= 0.99 and the same top-1 token where transformers' top-2 margin is
+    clear (the bar test_models_real sets for the registry files); against the original Q4_1 file
+    run by ember, a mean cosine >= 0.998 and the same top-1 token where the original's margin is
+    clear. There is no bound per position between the two files: they differ by a cosine of 0.994
+    at one position of this text even in transformers, and each run's 8-bit activations add their
+    own rounding, in either direction (0.967 to 0.993 measured across kernel versions)."""
+    pytest.importorskip("transformers")
+    from test_models_real import MARGINS, cosines, transformers_logits
+
     from ember.runtime import Model
-    from ember.tokenizer import Tokenizer
 
     source, out = smollm_q8_0
-    with open_gguf(source) as gguf:
-        ids = Tokenizer.from_gguf(gguf).encode(TEXT, add_special=True)[:64]
-    original = Model(source, n_ctx=128, n_threads=2).eval(ids, logits="all")
+    ids, reference = transformers_logits(out)
     quantized = Model(out, n_ctx=128, n_threads=2).eval(ids, logits="all")
-    cosine = (original * quantized).sum(1) / np.linalg.norm(original, axis=1) / np.linalg.norm(quantized, axis=1)
-    assert cosine.min() >= 0.98 and cosine.mean() >= 0.998
-    top2 = np.sort(original, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] >= 0.2
-    assert np.array_equal(quantized.argmax(1)[clear], original.argmax(1)[clear])
+    original = Model(source, n_ctx=128, n_threads=2).eval(ids, logits="all")
+    assert cosines(reference, quantized).min() >= 0.99
+    assert cosines(original, quantized).mean() >= 0.998
+    for expected in (reference, original):
+        top2 = np.sort(expected, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] >= MARGINS["smollm2-135m"]
+        assert np.array_equal(quantized.argmax(1)[clear], expected.argmax(1)[clear])
 
 
 # ---------------------------------------------------------------- errors: one line, no output left
