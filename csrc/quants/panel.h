@@ -9,9 +9,10 @@
 // decode step or inside a prompt, and the server's batched decode equals single decoding.
 // Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
 //
-// Two shapes of lanes:
-// - rows in lanes (decode, small batches): 8 weight rows' per-block integer sums are reduced
-//   into one vector of 8 lanes, then scaled and accumulated for all 8 rows at once;
+// Three shapes of lanes:
+// - rows in lanes (decode): 8 weight rows' per-block integer sums are reduced into one vector of
+//   8 lanes, then scaled and accumulated for all 8 rows at once;
+// - rows x tokens (batches of 4 to 15 tokens, 4 at a time): 4 rows x 4 tokens in one vector;
 // - tokens in lanes (prompt processing): the activations of 16 tokens are repacked once per
 //   matmul into a panel, block by block, with token t's elements 4k..4k+3 in lane t of chunk k;
 //   one vpdpbusd then multiplies a broadcast 4-byte group of one weight row with all 16
