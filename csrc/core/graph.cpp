@@ -173,7 +173,7 @@ size_t Graph::node_work_size(const Node& n) const {
       if (!kernels_->of(w.type).gemm_panel) return rows;
       // Then the same rows repacked into panels of kPanelTokens (ops/matmul.cpp).
       const size_t n_panels = (static_cast<size_t>(max_rows(x)) + kPanelTokens - 1) / kPanelTokens;
-      return rows + n_panels * static_cast<size_t>(w.ne0 / 32) * kPanelBlockBytes;
+      return rows + n_panels * panel_bytes(w.ne0);
     }
     case Op::Attention:
       // Per thread: scores over the context and an output accumulator, for up to 4 query heads

@@ -29,6 +29,8 @@ using GemmTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void
 // instruction multiplies a weight row's 4 bytes with every token (quants/panel.h).
 constexpr int kPanelTokens = 16;
 constexpr size_t kPanelBlockBytes = 8 * kPanelTokens * 4 + 3 * kPanelTokens * 4;  // per 32 elements
+// Bytes of one panel of rows of n elements.
+constexpr size_t panel_bytes(int64_t n) { return static_cast<size_t>(n / 32) * kPanelBlockBytes; }
 // Packs n_cols <= kPanelTokens activation rows (the vec_dot_type) of n elements into one panel.
 using PackPanelFn = void (*)(int64_t n, const void* y, size_t y_stride, int n_cols, void* panel);
 // out[c * out_stride + r] = dot(x row r, token c of the panel) for r < n_rows, c < n_cols.

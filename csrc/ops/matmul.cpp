@@ -27,13 +27,13 @@ void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint
   const TypeKernels& tk = ctx.kernels->of(w.type);
   const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
   const int64_t n_panels = (M + kPanelTokens - 1) / kPanelTokens;
-  const size_t panel_bytes = static_cast<size_t>(K / 32) * kPanelBlockBytes;
+  const size_t bytes = panel_bytes(K);
   uint8_t* panels = ctx.arena + n.work_offset + M * act_stride;  // after the quantized rows
+  auto tokens_of = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelTokens, M - p * kPanelTokens)); };
   const PackPanelFn pack = ctx.kernels->of(tk.vec_dot_type).pack_panel;
   const Range mine = split(n_panels, ith, nth);
   for (int64_t p = mine.begin; p < mine.end; ++p)
-    pack(K, act + p * kPanelTokens * act_stride, act_stride, static_cast<int>(std::min<int64_t>(kPanelTokens, M - p * kPanelTokens)),
-         panels + p * panel_bytes);
+    pack(K, act + p * kPanelTokens * act_stride, act_stride, tokens_of(p), panels + p * bytes);
   ctx.barrier();
 
   const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
@@ -44,7 +44,7 @@ void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint
     const int n_rows = static_cast<int>(std::min(kRowTile, rows.end - r0));
     for (int64_t p = 0; p < n_panels; ++p)
       tk.gemm_panel(K, out + p * kPanelTokens * out_stride + r0, out_stride, weights + r0 * w.row_stride, w.row_stride,
-                    panels + p * panel_bytes, n_rows, static_cast<int>(std::min<int64_t>(kPanelTokens, M - p * kPanelTokens)));
+                    panels + p * bytes, n_rows, tokens_of(p));
   }
 }
 

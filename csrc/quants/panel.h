@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/fp16.h"
 #include "core/kernels.h"
@@ -51,6 +52,30 @@ struct PanelBlock {
 };
 static_assert(sizeof(PanelBlock) == kPanelBlockBytes, "PanelBlock");
 
+// The sum of a block's 32 activation quants.
+inline int block_sum(const int8_t* qs) {
+  return hsum_i32_8(dot_u8_i8_i32(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))));
+}
+
+// The zero-point term z sum(q) of an activation block.
+template <typename T>
+inline int zero_point_sum(const int8_t* qs) {
+  if constexpr (T::kZeroShift < 0) return 0;
+  else return block_sum(qs) << T::kZeroShift;
+}
+
+// Rows advancing together block by block are a pattern the hardware prefetcher does not follow:
+// at each block step, fetch (into L2) a share of the rows `ahead` rows on, which follow in memory.
+struct RowPrefetch {
+  size_t from, step;
+  RowPrefetch(int rows, int ahead, size_t x_stride, int64_t nb)
+      : from(ahead * x_stride), step((rows * x_stride / nb + 63) & ~size_t(63)) {}
+  void at(const uint8_t* x, int64_t b) const {
+    for (size_t line = b * step; line < (b + 1) * step; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(x) + from + line, _MM_HINT_T1);
+  }
+};
+
 // Packs n_cols (<= 16) activation rows of Q8_0 or Q8_1 blocks into one panel; the lanes of
 // missing tokens are zero.
 template <typename BY>
@@ -64,11 +89,9 @@ void pack_panel(int64_t n, const void* vy, size_t y_stride, int n_cols, void* vp
     for (int t = 0; t < n_cols; ++t) {
       const BY& yb = reinterpret_cast<const BY*>(y + t * y_stride)[b];
       for (int k = 0; k < 8; ++k) std::memcpy(p.qs[k][t], yb.qs + 4 * k, 4);
-      int sum = 0;
-      for (int j = 0; j < 32; ++j) sum += yb.qs[j];
       p.d[t] = fp16_to_fp32(yb.d);
-      p.qsum[t] = sum;
-      if constexpr (sizeof(BY) == sizeof(block_q8_1)) p.s[t] = fp16_to_fp32(reinterpret_cast<const block_q8_1&>(yb).s);
+      p.qsum[t] = block_sum(yb.qs);
+      if constexpr (std::is_same_v<BY, block_q8_1>) p.s[t] = fp16_to_fp32(yb.s);
     }
   }
 }
@@ -80,12 +103,6 @@ inline __m256i sum_lanes_8x8(const __m256i p[8]) {
   const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
   return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
-template <typename T>
-inline int zero_point_sum(__m256i qy) {
-  if constexpr (T::kZeroShift < 0) return 0;
-  else return hsum_i32_8(dot_u8_i8_i32(_mm256_set1_epi8(1), qy)) << T::kZeroShift;
 }
 
 // 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
@@ -100,12 +117,9 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
-  const size_t prefetch_from = 16 * x_stride, prefetch_step = (8 * x_stride / nb + 63) & ~size_t(63);
+  const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
   for (int64_t b = 0; b < nb; ++b) {
-    // 8 rows advance together, a pattern the hardware prefetcher does not follow: each block
-    // step fetches its share of the 8 rows after the next 8 (rows follow each other in memory).
-    for (size_t line = b * prefetch_step; line < (b + 1) * prefetch_step; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(x) + prefetch_from + line, _MM_HINT_T1);
+    prefetch.at(x, b);
     __m256i qx[8];
     for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
@@ -113,7 +127,7 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
       __m256i p[8];
       for (int r = 0; r < 8; ++r) p[r] = dot_u8_i8_i32(qx[r], qy);
-      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p), _mm256_set1_epi32(zero_point_sum<T>(qy)));
+      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p), _mm256_set1_epi32(zero_point_sum<T>(yc[c][b].qs)));
       const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].d)));
       S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
     }
@@ -148,7 +162,7 @@ void fill_quad_blocks(int64_t nb, const uint8_t* y, size_t y_stride, QuadBlock* 
     for (int64_t b = 0; b < nb; ++b) {
       for (int g = 0; g < 8; ++g) std::memcpy(q[b].qs[g / 4][g % 4][t], row[b].qs + 4 * g, 4);
       const float d = fp16_to_fp32(row[b].d);
-      const int zero = zero_point_sum<T>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs)));
+      const int zero = zero_point_sum<T>(row[b].qs);
       float s = 0.0f;
       if constexpr (T::kOffset) s = fp16_to_fp32(row[b].s);
       for (int r = 0; r < 4; ++r) q[b].d[4 * r + t] = d, q[b].zero[4 * r + t] = zero, q[b].s[4 * r + t] = s;
@@ -170,10 +184,9 @@ inline void quad_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t
   const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
   const __m512i row_of_lane = spread_lo;  // lane 4 r + t -> r
   __m512 S = _mm512_setzero_ps(), O = _mm512_setzero_ps();
-  const size_t prefetch_from = 8 * x_stride, prefetch_step = (4 * x_stride / nb + 63) & ~size_t(63);
+  const RowPrefetch prefetch(4, 8, x_stride, nb);  // the 4 rows after the next 4
   for (int64_t b = 0; b < nb; ++b) {
-    for (size_t line = b * prefetch_step; line < (b + 1) * prefetch_step; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(x) + prefetch_from + line, _MM_HINT_T1);
+    prefetch.at(x, b);
     const __m512i a_lo = _mm512_loadu_si512(q[b].qs[0]), a_hi = _mm512_loadu_si512(q[b].qs[1]);
     __m512i acc[4];
     for (int r = 0; r < 4; ++r) {
@@ -239,7 +252,7 @@ void vec_dot_rows(int64_t n, float* out, const void* vx, const void* vy) {
   float S = 0.0f, O = 0.0f;
   for (int64_t b = 0; b < n / 32; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    const int isum = hsum_i32_8(dot_u8_i8_i32(T::unpack_unsigned(x[b]), qy)) - zero_point_sum<T>(qy);
+    const int isum = hsum_i32_8(dot_u8_i8_i32(T::unpack_unsigned(x[b]), qy)) - zero_point_sum<T>(y[b].qs);
     S = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), S);
     if constexpr (T::kOffset) O = std::fma(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), O);
   }
