@@ -2,6 +2,7 @@
 // and CPU/ISA information.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -17,6 +18,7 @@
 #include "core/alloc_counter.h"
 #include "core/graph.h"
 #include "cpu_features.h"
+#include "text/bpe.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -29,6 +31,24 @@ using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using ByteRows = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+StringTable string_table(const nb::bytes& raw, const I64Array& fields) {
+  return StringTable{reinterpret_cast<const uint8_t*>(raw.c_str()), raw.size(), fields.data(), fields.shape(0)};
+}
+
+// BpeVocab.encode: the ids of a list of pre-tokenized words (str), in order.
+std::vector<int32_t> bpe_encode(const BpeVocab& vocab, const nb::list& words) {
+  std::vector<int32_t> out;
+  for (nb::handle word : words) {
+    if (!PyUnicode_Check(word.ptr())) throw nb::type_error("BpeVocab.encode takes a list of str");
+    Py_ssize_t n = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(word.ptr(), &n);
+    if (!utf8) throw nb::python_error();
+    vocab.encode_word(std::string_view(utf8, static_cast<size_t>(n)), out);
+  }
+  return out;
+}
 
 GGMLType checked_type(int32_t type_id) {
   if (!type_supported(type_id)) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
@@ -433,6 +453,24 @@ NB_MODULE(_core, m) {
       .def_prop_ro("kv_size", &PyGraph::kv_size)
       .def_prop_ro("n_threads", &PyGraph::n_threads)
       .def_prop_ro("isa", &PyGraph::isa);
+
+  nb::class_<TextIndex>(m, "TextIndex")
+      .def("__init__",
+           [](TextIndex* self, const nb::bytes& raw, const I64Array& fields) {
+             new (self) TextIndex(string_table(raw, fields));
+           },
+           "raw"_a, "fields"_a)
+      .def("find", [](const TextIndex& t, const std::string& text) { return t.find(text); }, "text"_a)
+      .def("__len__", &TextIndex::size);
+  nb::class_<BpeVocab>(m, "BpeVocab")
+      .def("__init__",
+           [](BpeVocab* self, std::shared_ptr<TextIndex> tokens, const nb::bytes& merges, const I64Array& merge_fields,
+              bool ignore_merges) {
+             new (self) BpeVocab(std::move(tokens), string_table(merges, merge_fields), ignore_merges);
+           },
+           "tokens"_a, "merges"_a, "merge_fields"_a, "ignore_merges"_a)
+      .def("encode", &bpe_encode, "words"_a)
+      .def_prop_ro("n_merges", &BpeVocab::n_merges);
 
   m.def("quantize_row", &quantize_row, "type"_a, "x"_a);
   m.def("dequantize_row", &dequantize_row, "type"_a, "raw"_a, "n"_a);

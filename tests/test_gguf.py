@@ -318,6 +318,18 @@ def test_string_array_behaves_like_a_list(tmp_path):
         value[3000]
 
 
+def test_string_array_knows_whether_it_holds_an_empty_string(tmp_path):
+    assert string_array_of(tmp_path, ["a", "", "b"] * 600).has_empty()
+    assert not string_array_of(tmp_path, ["a", "b"] * 600).has_empty()
+    assert string_array_of(tmp_path, ["a", ""]).has_empty()
+
+
+def string_array_of(tmp_path, strings):
+    path = write_with_gguf(tmp_path / "e.gguf", lambda w: w.add_array("t.s", strings))
+    with open_gguf(path) as f:
+        return f.metadata["t.s"]
+
+
 def test_invalid_utf8_is_reported_when_the_string_is_used(write):
     payload = u32(V.STRING) + u64(2) + gstr(b"ok") + gstr(b"\xff\xfe")
     path = write(gguf_bytes([kv("t.s", V.ARRAY, payload)]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import time
 
 import numpy as np
@@ -161,10 +162,31 @@ def test_every_known_pre_tokenizer_builds_and_round_trips(pre):
     assert tok.decode(ids) == text
 
 
-def test_merges_that_make_no_token_are_ignored():
+def bpe_pieces(tokens: list[str], merges: list[str], text: str) -> list[str]:
     md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-          "tokenizer.ggml.tokens": ["a", "b", "c", "ab"], "tokenizer.ggml.merges": ["b c", "a b"]}
-    assert pieces_of(Tokenizer.from_metadata(md), "abc") == ["ab", "c"]
+          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges}
+    return pieces_of(Tokenizer.from_metadata(md), text)
+
+
+def test_bpe_merges_the_lowest_ranked_pair_first():
+    assert bpe_pieces(["a", "b", "c", "ab", "bc"], ["b c", "a b"], "abc") == ["a", "bc"]
+    assert bpe_pieces(["a", "b", "c", "ab", "bc"], ["a b", "b c"], "abc") == ["ab", "c"]
+    # equal pairs: the leftmost merges first
+    assert bpe_pieces(["a", "aa"], ["a a"], "aaa") == ["aa", "a"]
+
+
+def test_a_merge_applies_even_when_its_result_is_no_token():
+    # as in llama.cpp (llama-tokenize gives a, b, c here): "b c" merges first, "bc" is no
+    # token and no merge joins "a" to it, so it falls back to its bytes' tokens
+    assert bpe_pieces(["a", "b", "c", "ab"], ["b c", "a b"], "abc") == ["a", "b", "c"]
+
+
+def test_a_symbol_that_is_no_token_merges_further_by_its_text():
+    assert bpe_pieces(["a", "b", "c", "abc"], ["b c", "a bc"], "abc") == ["abc"]
+
+
+def test_a_bpe_word_without_its_byte_tokens_keeps_the_tokens_it_has():
+    assert bpe_pieces(["a", "c"], [], "abc") == ["a", "c"]
 
 
 def test_token_ids_outside_the_vocabulary_are_an_error():
@@ -359,3 +381,25 @@ def test_cli_table_lists_each_id_with_its_text(capsys):
     tok = tokenizer("smollm2-135m")
     assert [int(token_id) for token_id, _ in rows] == tok.encode("Hello world\n")
     assert [json.loads(text) for _, text in rows] == ["Hello", " world", "\n"]
+
+
+def test_the_native_vocabulary_checks_every_offset_and_length():
+    from ember import _core
+    from ember.gguf_strings import string_table
+
+    assert _core.TextIndex(*string_table(["dup", "x", "dup"])).find("dup") == 2  # the last, as llama.cpp
+    raw, fields = string_table(["a", "", "b"])
+    index = _core.TextIndex(raw, fields)
+    assert (len(index), index.find("b"), index.find("[EMPTY_1]"), index.find("c")) == (3, 2, 1, -1)
+    merges, merge_fields = string_table(["a b"])
+    assert _core.BpeVocab(index, merges, merge_fields, False).n_merges == 1
+    for bad in ([0, len(raw)], [0, -1], [0, len(raw) - 8], [0, 2**40]):
+        with pytest.raises(ValueError, match="tokenizer.ggml.tokens element 1"):
+            _core.TextIndex(raw, np.array(bad, np.int64))
+    long = raw[:9] + struct.pack("<Q", 2) + b"b"  # a length one byte past the end
+    with pytest.raises(ValueError, match="past the array's end"):
+        _core.TextIndex(long, fields[:2])
+    with pytest.raises(ValueError, match="tokenizer.ggml.merges element 0"):
+        _core.BpeVocab(index, merges[:5], merge_fields, False)
+    with pytest.raises(ValueError, match="empty"):
+        _core.TextIndex(b"", np.empty(0, np.int64))

@@ -101,6 +101,15 @@ class StringArray(Sequence[str]):
         """The array body exactly as GGUF stores it (what a writer copies)."""
         return self._raw
 
+    def has_empty(self) -> bool:
+        """Whether some element is the empty string."""
+        ends = np.append(self._fields[1:], len(self._raw))
+        return bool(np.any(ends - self._fields == 8))
+
+    def table(self) -> tuple[bytes, np.ndarray]:
+        """The array body and the offset of each element's length field in it (int64)."""
+        return self._raw, self._fields
+
     def _span(self, i: int) -> tuple[int, int]:
         start = int(self._fields[i]) + 8
         end = int(self._fields[i + 1]) if i + 1 < len(self._fields) else len(self._raw)
@@ -130,6 +139,18 @@ class StringArray(Sequence[str]):
         if len(parts) != n + 1:
             return [self._decode(i) for i in range(n)]
         return parts[1:]
+
+
+def string_table(strings) -> tuple[bytes, np.ndarray]:
+    """Strings as GGUF stores an array of them (u64 length, then the UTF-8 bytes, per element),
+    with the offset of each length field: what native code reads a vocabulary from."""
+    if isinstance(strings, StringArray):
+        return strings.table()
+    encoded = [s.encode("utf-8", errors="surrogatepass") for s in strings]
+    sizes = np.array([8 + len(e) for e in encoded], dtype=np.int64)
+    fields = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if encoded else np.empty(0, np.int64)
+    raw = b"".join(U64.pack(len(e)) + e for e in encoded)
+    return raw, fields
 
 
 def read_string_array(mm, buf: np.ndarray, start: int, count: int, limit: int, what: str) -> tuple[StringArray, int]:

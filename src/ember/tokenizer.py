@@ -6,8 +6,7 @@
     stream = tok.stream_decoder()             # for generation: only whole UTF-8 characters
     text = "".join(stream.feed(i) for i in ids) + stream.flush()
 
-Byte-level BPE runs in `tokenizers` (see ember.tokenizer_backend), SentencePiece-style merging
-in ember.spm; which tokens are special, which end generation and the BOS/EOS rules come from
+Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's; which tokens are special, which end generation and the BOS/EOS rules come from
 ember.vocab.
 """
 
@@ -17,13 +16,12 @@ import codecs
 import gc
 import json
 import re
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from ember.bpe import BpeEncoder
 from ember.errors import EmberError
 from ember.spm import SPACE, SpmEncoder
-from ember.tokenizer_backend import build_backend
 from ember.vocab import (
     BYTE,
     CONTROL,
@@ -44,9 +42,7 @@ class Tokenizer:
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._spm = SpmEncoder(vocab) if vocab.kind == "spm" else None
-        self._backend = build_backend(vocab) if self._spm is None else None
-        self._backend_lock = threading.Lock()  # guards the parse_special switch of the backend
+        self._encoder = SpmEncoder(vocab) if vocab.kind == "spm" else BpeEncoder(vocab)
         self._bytes: list[bytes | None] = [None] * vocab.n_vocab
         self.bos_id: int | None = vocab.special["bos"]
         self.eos_id: int | None = vocab.special["eos"]
@@ -83,12 +79,7 @@ class Tokenizer:
         tokenized as ordinary text (user-defined tokens are always recognised, as in llama.cpp).
         """
         text = _LONE_SURROGATE.sub("\ufffd", text)  # not encodable as UTF-8; llama.cpp sees U+FFFD
-        if self._spm is not None:
-            ids = self._spm.encode(text, parse_special)
-        else:
-            with self._backend_lock:
-                self._backend.encode_special_tokens = not parse_special
-                ids = self._backend.encode(text, add_special_tokens=False).ids
+        ids = self._encoder.encode(text, parse_special)
         if add_special and self.add_bos:
             ids.insert(0, self._required("bos"))
         if add_special and self.add_eos:

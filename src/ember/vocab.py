@@ -8,12 +8,15 @@ recognises by their text (end of turn, fill-in-the-middle) when the metadata is 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ember import _core
 from ember.errors import EmberError
+from ember.gguf_strings import StringArray, string_table
 from ember.pretokenizers import PreTokenizer, pre_tokenizer
 
 # Token attributes (bit flags, llama.h `llama_token_attr`).
@@ -55,23 +58,46 @@ _LEGACY_FIM_KEYS = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid
 
 @dataclass
 class Vocab:
-    tokens: list[str]
+    tokens: Sequence[str]  # a file's StringArray (decoded one token at a time) or a list
     attrs: np.ndarray  # uint16 attribute bits per token
     scores: np.ndarray | None  # float32 per token (SentencePiece-style vocabularies)
     merges: Any  # list-like of "left right" strings (BPE vocabularies)
     kind: str  # "bpe" or "spm"
     pre: PreTokenizer | None  # BPE only
-    token_to_id: dict[str, int]
     special: dict[str, int | None]  # bos, eos, eot, eom, fim_* -> id
     eog_ids: frozenset[int]
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
     clean_spaces: bool
+    _token_to_id: dict[str, int] | None = field(default=None, repr=False)
+    _index: Any = field(default=None, repr=False)
 
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    @property
+    def token_to_id(self) -> dict[str, int]:
+        """Every token's text -> id as a dict (of equal texts the last id, as llama.cpp), built
+        when first asked for: SentencePiece-style merging looks up texts in Python."""
+        if self._token_to_id is None:
+            self._token_to_id = dict(zip(self.tokens, range(self.n_vocab)))
+        return self._token_to_id
+
+    @property
+    def index(self) -> _core.TextIndex:
+        """The token texts and their ids in native memory (~10 bytes a token, no Python objects)."""
+        if self._index is None:
+            self._index = _core.TextIndex(*string_table(self.tokens))
+        return self._index
+
+    def find(self, text: str) -> int | None:
+        """The id of the token whose text is `text`, or None."""
+        if self._token_to_id is not None:
+            return self._token_to_id.get(text)
+        token = self.index.find(text)
+        return token if token >= 0 else None
 
 
 def vocab_from_metadata(metadata: dict) -> Vocab:
@@ -86,9 +112,11 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
     tokens = metadata.get("tokenizer.ggml.tokens")
     if tokens is None or len(tokens) == 0:
         raise EmberError("the model's vocabulary (tokenizer.ggml.tokens) is missing or empty")
-    tokens = list(tokens)
-    if "" in tokens:  # llama.cpp names empty tokens so that each text stays unique
+    has_empty = tokens.has_empty() if isinstance(tokens, StringArray) else "" in tokens
+    if has_empty:  # llama.cpp names empty tokens so that each text stays unique
         tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(tokens)]
+    elif not isinstance(tokens, StringArray):
+        tokens = list(tokens)
     n_vocab = len(tokens)
     pre = _pre_tokenizer(metadata) if kind == "bpe" else None
     merges = metadata.get("tokenizer.ggml.merges") if kind == "bpe" else None
@@ -101,7 +129,6 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         merges=merges,
         kind=kind,
         pre=pre,
-        token_to_id=dict(zip(tokens, range(n_vocab))),
         special={},
         eog_ids=frozenset(),
         add_bos=_flag(metadata, "add_bos_token", kind == "spm" or (pre is not None and pre.add_bos)),
@@ -109,6 +136,8 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
         clean_spaces=pre.clean_spaces if pre is not None else False,
     )
+    if kind == "spm":
+        vocab.token_to_id  # noqa: B018 - its merging needs the dict; build it once, before any lookup
     vocab.special = _special_ids(metadata, vocab)
     vocab.eog_ids = _end_of_generation(vocab)
     return vocab
@@ -155,7 +184,7 @@ def _end_of_generation(vocab: Vocab) -> frozenset[int]:
     special = vocab.special
     eog = {special[name] for name in ("fim_pad", "fim_rep", "fim_sep", "eos", "eot", "eom")}
     for text in _EOG_TEXTS:
-        token = vocab.token_to_id.get(text)
+        token = vocab.find(text)
         if token is not None:
             eog.add(token)
             vocab.attrs[token] |= CONTROL
@@ -175,7 +204,7 @@ def _end_of_generation(vocab: Vocab) -> frozenset[int]:
 
 def _first_token(vocab: Vocab, texts: tuple[str, ...]) -> int | None:
     for text in texts:
-        token = vocab.token_to_id.get(text)
+        token = vocab.find(text)
         if token is not None:
             return token
     return None

@@ -1,0 +1,167 @@
+#include "text/bpe.h"
+
+#include <algorithm>
+#include <cstring>
+#include <queue>
+#include <stdexcept>
+#include <utility>
+
+namespace ember {
+namespace {
+
+void append_utf8(std::string& s, uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {  // bytes_to_unicode only reaches U+0143
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
+}
+
+size_t slot_of(uint64_t key, size_t mask) { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 17) & mask; }
+
+}  // namespace
+
+BpeVocab::BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& merges, bool ignore_merges)
+    : tokens_(std::move(tokens)), ignore_merges_(ignore_merges) {
+  // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others in
+  // order for U+0100, U+0101, ...
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    append_utf8(byte_char_[b], printable ? static_cast<uint32_t>(b) : next++);
+    byte_id_[b] = find(byte_char_[b]);
+  }
+
+  size_t capacity = 16;
+  while (capacity < 2 * merges.count) capacity *= 2;
+  merges_.assign(capacity, Merge{});
+  std::string joined;
+  for (size_t i = 0; i < merges.count; ++i) {
+    // "left right", cut at the first space after the first byte, as llama.cpp does
+    std::string_view m = table_element(merges, i, "tokenizer.ggml.merges");
+    const size_t cut = m.find(' ', 1);
+    if (cut == std::string_view::npos) continue;
+    std::string_view left = m.substr(0, cut), right = m.substr(cut + 1);
+    const int32_t l = find(left), r = find(right);
+    const int32_t rank = static_cast<int32_t>(std::min<size_t>(i, 0x7FFFFFFF));
+    if (l < 0 || r < 0) {  // only a merged symbol that is no token can use it
+      text_merges_.emplace(text_key(left, right), rank);
+      continue;
+    }
+    joined.assign(left);
+    joined.append(right);
+    add_merge(l, r, rank, find(joined));
+  }
+}
+
+std::string BpeVocab::text_key(std::string_view left, std::string_view right) {
+  std::string key;
+  const uint32_t n = static_cast<uint32_t>(left.size());
+  key.append(reinterpret_cast<const char*>(&n), sizeof n);
+  key.append(left);
+  key.append(right);
+  return key;
+}
+
+void BpeVocab::add_merge(int32_t left, int32_t right, int32_t rank, int32_t id) {
+  const uint64_t key = pair_key(left, right);
+  const size_t mask = merges_.size() - 1;
+  for (size_t s = slot_of(key, mask);; s = (s + 1) & mask) {
+    if (merges_[s].key == key) return;  // the first rank of a pair stands
+    if (merges_[s].key == kEmpty) {
+      merges_[s] = Merge{key, rank, id};
+      ++n_merges_;
+      return;
+    }
+  }
+}
+
+const BpeVocab::Merge* BpeVocab::merge(int32_t left, int32_t right) const {
+  if (left < 0 || right < 0) return nullptr;
+  const uint64_t key = pair_key(left, right);
+  const size_t mask = merges_.size() - 1;
+  for (size_t s = slot_of(key, mask);; s = (s + 1) & mask) {
+    if (merges_[s].key == key) return &merges_[s];
+    if (merges_[s].key == kEmpty) return nullptr;
+  }
+}
+
+void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  struct Symbol {
+    int32_t id;
+    uint32_t start, len;  // in the mapped text
+    int32_t prev, next;
+  };
+  std::string mapped;
+  mapped.reserve(word.size() * 2);
+  std::vector<Symbol> sym(word.size());
+  for (size_t i = 0; i < word.size(); ++i) {
+    const uint8_t b = static_cast<uint8_t>(word[i]);
+    sym[i] = Symbol{byte_id_[b], static_cast<uint32_t>(mapped.size()), static_cast<uint32_t>(byte_char_[b].size()),
+                    static_cast<int32_t>(i) - 1, i + 1 < word.size() ? static_cast<int32_t>(i + 1) : -1};
+    mapped += byte_char_[b];
+  }
+  if (ignore_merges_) {
+    const int32_t whole = find(mapped);
+    if (whole >= 0) {
+      out.push_back(whole);
+      return;
+    }
+  }
+
+  struct Pair {
+    int32_t rank, left, right, id;
+    uint32_t len;  // of the two symbols together when queued; a change makes the pair stale
+  };
+  auto later = [](const Pair& a, const Pair& b) { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(later)> queue(later);
+  auto span = [&](const Symbol& s) { return std::string_view(mapped.data() + s.start, s.len); };
+  auto offer = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& l = sym[left];
+    const Symbol& r = sym[right];
+    if (l.id >= 0 && r.id >= 0) {
+      if (const Merge* m = merge(l.id, r.id)) queue.push(Pair{m->rank, left, right, m->id, l.len + r.len});
+    } else if (!text_merges_.empty()) {
+      auto it = text_merges_.find(text_key(span(l), span(r)));
+      if (it != text_merges_.end())
+        queue.push(Pair{it->second, left, right, find(std::string_view(mapped.data() + l.start, l.len + r.len)),
+                        l.len + r.len});
+    }
+  };
+  for (size_t i = 1; i < sym.size(); ++i) offer(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!queue.empty()) {
+    const Pair p = queue.top();
+    queue.pop();
+    Symbol& l = sym[p.left];
+    Symbol& r = sym[p.right];
+    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
+    l.id = p.id;
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = p.left;
+    offer(l.prev, p.left);
+    offer(p.left, l.next);
+  }
+
+  for (int32_t i = 0; i >= 0; i = sym[i].next) {
+    const Symbol& s = sym[i];
+    if (s.id >= 0) {
+      out.push_back(s.id);
+      continue;
+    }
+    for (uint32_t k = 0; k < s.len; ++k) {  // no such token: its single bytes, where they are tokens
+      const int32_t id = find(std::string_view(mapped.data() + s.start + k, 1));
+      if (id >= 0) out.push_back(id);
+    }
+  }
+}
+
+}  // namespace ember
