@@ -16,6 +16,7 @@ build their responses here, so both speak the same format:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Iterable
@@ -37,6 +38,7 @@ class ResponseFormat:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self._text_template: tuple[str, ...] | None = None  # (head, tail), or () when unusable
 
     def whole(self, text: str, entries: list[TokenLogprob], finish_reason: str | None, usage: dict) -> dict:
         logprobs = self._logprobs(entries) if self.logprobs else None
@@ -64,6 +66,21 @@ class ResponseFormat:
             return self._chunk({"index": 0, "delta": {"content": chunk.text}, "logprobs": logprobs,
                                 "finish_reason": None})
         return self._chunk({"text": chunk.text, "index": 0, "logprobs": logprobs, "finish_reason": None})
+
+    def chunk_json(self, chunk: Chunk) -> str | None:
+        """`chunk(chunk)` as JSON (ensure_ascii off). Without logprobs only the text differs from
+        chunk to chunk, so it is written into a template of the rest."""
+        if self.logprobs or (not chunk.text and not chunk.logprobs):
+            shaped = self.chunk(chunk)
+            return None if shaped is None else json.dumps(shaped, ensure_ascii=False)
+        if self._text_template is None:
+            marker = "\x00\x01\x02"
+            parts = json.dumps(self.chunk(Chunk(marker, [])), ensure_ascii=False).split(json.dumps(marker))
+            self._text_template = (parts[0], parts[1]) if len(parts) == 2 else ()
+        if not self._text_template:  # the marker occurs elsewhere (in the model's name)
+            return json.dumps(self.chunk(chunk), ensure_ascii=False)
+        head, tail = self._text_template
+        return head + json.dumps(chunk.text, ensure_ascii=False) + tail
 
     def closing_chunk(self, finish_reason: str | None) -> dict:
         if self.chat:

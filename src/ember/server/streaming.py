@@ -1,5 +1,10 @@
-"""From the scheduler thread to an HTTP response: a job's events on an asyncio queue, turned
-into one JSON body or into server-sent events (`data: {chunk}` ... `data: [DONE]`).
+"""From the scheduler thread to an HTTP response: a job's events handed to the event loop,
+turned into one JSON body or into server-sent events (`data: {chunk}` ... `data: [DONE]`).
+
+The scheduler delivers one event per stream per step. Each hand-over to the event loop costs a
+wake-up through its self-pipe, so the events of one step travel together: the first one
+delivered wakes the loop, the ones that follow before it runs ride along (a `_Mailbox` per
+loop). A stream writes the events it finds waiting as one piece.
 
 A client that goes away cancels its job: a stream notices when Starlette cancels the
 response (it listens for the disconnect), a whole response through a watcher of the
@@ -10,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import weakref
+from collections import deque
 from typing import AsyncIterator
 
 from ember.openai_format import ResponseFormat
@@ -17,27 +25,88 @@ from ember.server.scheduler import Failed, Finished, Job, Scheduler
 from ember.server.schemas import APIError, error_body
 
 
+class _Mailbox:
+    """Events from the scheduler thread for one event loop, delivered in one callback."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[JobEvents, object]] = []
+
+    def post(self, events: JobEvents, event) -> None:
+        if self._loop.is_closed():
+            raise RuntimeError("the event loop is closed")
+        with self._lock:
+            self._items.append((events, event))
+            if len(self._items) > 1:
+                return  # a delivery is already on its way and takes this one along
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for events, event in items:
+            events.push(event)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+_MAILBOXES_LOCK = threading.Lock()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    with _MAILBOXES_LOCK:
+        box = _MAILBOXES.get(loop)
+        if box is None:
+            box = _MAILBOXES[loop] = _Mailbox(loop)
+        return box
+
+
 class JobEvents:
     """The events of one job, delivered from the scheduler thread into this event loop."""
 
     def __init__(self):
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._mailbox = _mailbox(self._loop)
+        self._pending: deque = deque()
+        self._waiter: asyncio.Future | None = None
 
     def deliver(self, event) -> None:
         """Called from the scheduler thread."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        self._mailbox.post(self, event)
 
     def abandon(self, reason: str) -> None:
         """End the events now (in this loop): the client is gone."""
-        self._queue.put_nowait(Failed(reason))
+        self.push(Failed(reason))
+
+    def push(self, event) -> None:
+        """Add an event (in this loop)."""
+        self._pending.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def batches(self) -> AsyncIterator[list]:
+        """The events as they come, those already waiting together; the last list ends with
+        the job's Finished or Failed."""
+        while True:
+            while not self._pending:
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            batch = []
+            while self._pending:
+                event = self._pending.popleft()
+                batch.append(event)
+                if isinstance(event, (Finished, Failed)):
+                    yield batch
+                    return
+            yield batch
 
     async def __aiter__(self) -> AsyncIterator:
-        while True:
-            event = await self._queue.get()
-            yield event
-            if isinstance(event, (Finished, Failed)):
-                return
+        async for batch in self.batches():
+            for event in batch:
+                yield event
 
 
 async def whole_response(request, scheduler: Scheduler, job: Job, events: JobEvents,
@@ -65,18 +134,23 @@ async def event_stream(scheduler: Scheduler, job: Job, events: JobEvents, respon
     try:
         for chunk in response.opening_chunks():
             yield _event(chunk)
-        async for event in events:
-            if isinstance(event, Finished):
-                yield _event(response.closing_chunk(event.finish_reason))
-                if include_usage:
-                    yield _event(response.usage_chunk(event.usage))
-            elif isinstance(event, Failed):
-                yield _event(error_body(event.message, "server_error"))
-            else:
-                shaped = response.chunk(event)
-                if shaped is not None:
-                    yield _event(shaped)
-        yield "data: [DONE]\n\n"
+        async for batch in events.batches():
+            out = []
+            for event in batch:
+                if isinstance(event, Finished):
+                    out.append(_event(response.closing_chunk(event.finish_reason)))
+                    if include_usage:
+                        out.append(_event(response.usage_chunk(event.usage)))
+                    out.append("data: [DONE]\n\n")
+                elif isinstance(event, Failed):
+                    out.append(_event(error_body(event.message, "server_error")))
+                    out.append("data: [DONE]\n\n")
+                else:
+                    shaped = response.chunk_json(event)
+                    if shaped is not None:
+                        out.append(f"data: {shaped}\n\n")
+            if out:
+                yield "".join(out)
     finally:  # also when the client went away and Starlette cancelled the response
         if not job.done:
             scheduler.cancel(job)
