@@ -181,13 +181,15 @@ def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t):
     assert np.array_equal(run_matmul(g, x[:11]), alone[:11])
 
 
+@pytest.mark.parametrize("n_in", [5632, 20736])
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
-def test_long_rows_in_small_batches(isa, t):
+def test_long_rows_in_small_batches(isa, t, n_in):
     """Rows of 5632 weights (176 blocks of 32, past the 160 that the AVX-512 kernel for 4 tokens
-    stages on its stack): 5 tokens against numpy, and each with the bits it gets alone."""
+    stages on its stack) and of 20736 (648 blocks, past the 640 whose activation scales the
+    transposed-rows kernel stages): 5 tokens against numpy, and each with the bits it gets alone."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
-    n_in, n_out = 5632, 19
+    n_out = 19
     w_raw = random_rows(t, n_out, n_in, seed=11)
     g = matmul_graph(t, w_raw, n_in, n_out)
     x = np.random.default_rng(12).standard_normal((5, n_in)).astype(np.float32)
