@@ -109,16 +109,35 @@ inline __m256i sum_lanes_8x8(const __m256i p[8]) {
                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
 }
 
+// The 8 weight rows (rows past n_rows repeat the last one) and C activation rows of a kernel
+// with rows in lanes.
+template <typename T, int C>
+struct Rows8 {
+  const typename T::BX* x[8];
+  const typename T::BY* y[C];
+  Rows8(const uint8_t* vx, size_t x_stride, int n_rows, const uint8_t* vy, size_t y_stride) {
+    for (int r = 0; r < 8; ++r) x[r] = reinterpret_cast<const typename T::BX*>(vx + std::min(r, n_rows - 1) * x_stride);
+    for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const typename T::BY*>(vy + c * y_stride);
+  }
+};
+
+// out[c][r] = S[c] + O[c] in lane r, for the first n_rows lanes.
+template <int C>
+inline void store_rows8(const __m256 S[C], const __m256 O[C], float* out, size_t out_stride, int n_rows) {
+  for (int c = 0; c < C; ++c) {
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
+    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
+  }
+}
+
 // 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
 template <typename T, int C>
 inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                          const uint8_t* y, size_t y_stride) {
-  using BX = typename T::BX;
-  using BY = typename T::BY;
-  const BX* xr[8];
-  for (int r = 0; r < 8; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
-  const BY* yc[C];
-  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  const Rows8<T, C> rows(x, x_stride, n_rows, y, y_stride);
+  const auto* const* xr = rows.x;
+  const auto* const* yc = rows.y;
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
@@ -140,11 +159,7 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
       for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].s)), O[c]);
     }
   }
-  for (int c = 0; c < C; ++c) {
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
-    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
-  }
+  store_rows8<C>(S, O, out, out_stride, n_rows);
 }
 
 // Four tokens' activations for quad_kernel, block by block: in qs[h], lane 4 k + t holds token
@@ -302,12 +317,9 @@ inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __
 template <typename T, int C>
 inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                           const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
-  using BX = typename T::BX;
-  using BY = typename T::BY;
-  const BX* xr[8];
-  for (int r = 0; r < 8; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
-  const BY* yc[C];
-  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  const Rows8<T, C> rows(x, x_stride, n_rows, y, y_stride);
+  const auto* const* xr = rows.x;
+  const auto* const* yc = rows.y;
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
@@ -338,11 +350,7 @@ inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8
       for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(ys.s[c][b]), O[c]);
     }
   }
-  for (int c = 0; c < C; ++c) {
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
-    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
-  }
+  store_rows8<C>(S, O, out, out_stride, n_rows);
 }
 
 // n_rows weight rows x C tokens through rows8t_kernel.
