@@ -6,8 +6,8 @@
     stream = tok.stream_decoder()             # for generation: only whole UTF-8 characters
     text = "".join(stream.feed(i) for i in ids) + stream.flush()
 
-Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's; which tokens are special, which end generation and the BOS/EOS rules come from
-ember.vocab.
+Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's; which
+tokens are special, which end generation and the BOS/EOS rules come from ember.vocab.
 """
 
 from __future__ import annotations
