@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "core/graph.h"
 #include "cpu_features.h"
 #include "text/bpe.h"
+#include "text/spm.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -37,16 +39,25 @@ StringTable string_table(const nb::bytes& raw, const I64Array& fields) {
   return StringTable{reinterpret_cast<const uint8_t*>(raw.c_str()), raw.size(), fields.data(), fields.shape(0)};
 }
 
+std::string_view utf8_of(nb::handle text) {
+  if (!PyUnicode_Check(text.ptr())) throw nb::type_error("expected str");
+  Py_ssize_t n = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &n);
+  if (!utf8) throw nb::python_error();
+  return std::string_view(utf8, static_cast<size_t>(n));
+}
+
+// SpmVocab.encode: the ids of one piece of text.
+std::vector<int32_t> spm_encode(const SpmVocab& vocab, nb::handle text) {
+  std::vector<int32_t> out;
+  vocab.encode(utf8_of(text), out);
+  return out;
+}
+
 // BpeVocab.encode: the ids of a list of pre-tokenized words (str), in order.
 std::vector<int32_t> bpe_encode(const BpeVocab& vocab, const nb::list& words) {
   std::vector<int32_t> out;
-  for (nb::handle word : words) {
-    if (!PyUnicode_Check(word.ptr())) throw nb::type_error("BpeVocab.encode takes a list of str");
-    Py_ssize_t n = 0;
-    const char* utf8 = PyUnicode_AsUTF8AndSize(word.ptr(), &n);
-    if (!utf8) throw nb::python_error();
-    vocab.encode_word(std::string_view(utf8, static_cast<size_t>(n)), out);
-  }
+  for (nb::handle word : words) vocab.encode_word(utf8_of(word), out);
   return out;
 }
 
@@ -471,6 +482,17 @@ NB_MODULE(_core, m) {
            "tokens"_a, "merges"_a, "merge_fields"_a, "ignore_merges"_a)
       .def("encode", &bpe_encode, "words"_a)
       .def_prop_ro("n_merges", &BpeVocab::n_merges);
+  nb::class_<SpmVocab>(m, "SpmVocab")
+      .def("__init__",
+           [](SpmVocab* self, std::shared_ptr<TextIndex> tokens, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> scores,
+              const std::vector<int32_t>& byte_ids) {
+             if (byte_ids.size() != 256) throw std::invalid_argument("SpmVocab: byte_ids must have 256 entries");
+             std::array<int32_t, 256> bytes;
+             std::copy(byte_ids.begin(), byte_ids.end(), bytes.begin());
+             new (self) SpmVocab(std::move(tokens), std::vector<float>(scores.data(), scores.data() + scores.shape(0)), bytes);
+           },
+           "tokens"_a, "scores"_a, "byte_ids"_a)
+      .def("encode", &spm_encode, "text"_a);
 
   m.def("quantize_row", &quantize_row, "type"_a, "x"_a);
   m.def("dequantize_row", &dequantize_row, "type"_a, "raw"_a, "n"_a);

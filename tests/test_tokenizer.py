@@ -403,3 +403,11 @@ def test_the_native_vocabulary_checks_every_offset_and_length():
         _core.BpeVocab(index, merges[:5], merge_fields, False)
     with pytest.raises(ValueError, match="empty"):
         _core.TextIndex(b"", np.empty(0, np.int64))
+    scores = np.zeros(3, np.float32)
+    assert _core.SpmVocab(index, scores, [0] * 256).encode("ab") == [0, 2]
+    with pytest.raises(ValueError, match="2 scores for 3 tokens"):
+        _core.SpmVocab(index, scores[:2], [0] * 256)
+    with pytest.raises(ValueError, match="byte token id out of range"):
+        _core.SpmVocab(index, scores, [3] * 256)
+    with pytest.raises(ValueError, match="256 entries"):
+        _core.SpmVocab(index, scores, [0] * 255)

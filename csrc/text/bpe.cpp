@@ -1,8 +1,9 @@
 #include "text/bpe.h"
 
+#include "text/symbols.h"
+
 #include <algorithm>
 #include <cstring>
-#include <queue>
 #include <stdexcept>
 #include <utility>
 
@@ -93,18 +94,12 @@ const BpeVocab::Merge* BpeVocab::merge(int32_t left, int32_t right) const {
 
 void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
-  struct Symbol {
-    int32_t id;
-    uint32_t start, len;  // in the mapped text
-    int32_t prev, next;
-  };
   std::string mapped;
   mapped.reserve(word.size() * 2);
-  std::vector<Symbol> sym(word.size());
+  std::vector<uint32_t> lengths(word.size());
   for (size_t i = 0; i < word.size(); ++i) {
     const uint8_t b = static_cast<uint8_t>(word[i]);
-    sym[i] = Symbol{byte_id_[b], static_cast<uint32_t>(mapped.size()), static_cast<uint32_t>(byte_char_[b].size()),
-                    static_cast<int32_t>(i) - 1, i + 1 < word.size() ? static_cast<int32_t>(i + 1) : -1};
+    lengths[i] = static_cast<uint32_t>(byte_char_[b].size());
     mapped += byte_char_[b];
   }
   if (ignore_merges_) {
@@ -114,42 +109,23 @@ void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) con
       return;
     }
   }
+  std::vector<Symbol> sym = symbol_chain(lengths);
+  for (size_t i = 0; i < word.size(); ++i) sym[i].id = byte_id_[static_cast<uint8_t>(word[i])];
 
-  struct Pair {
-    int32_t rank, left, right, id;
-    uint32_t len;  // of the two symbols together when queued; a change makes the pair stale
-  };
-  auto later = [](const Pair& a, const Pair& b) { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); };
-  std::priority_queue<Pair, std::vector<Pair>, decltype(later)> queue(later);
   auto span = [&](const Symbol& s) { return std::string_view(mapped.data() + s.start, s.len); };
-  auto offer = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
+  merge_symbols<int32_t>(sym, [&](int32_t left, int32_t right) -> std::optional<SymbolPair<int32_t>> {
     const Symbol& l = sym[left];
     const Symbol& r = sym[right];
     if (l.id >= 0 && r.id >= 0) {
-      if (const Merge* m = merge(l.id, r.id)) queue.push(Pair{m->rank, left, right, m->id, l.len + r.len});
+      if (const Merge* m = merge(l.id, r.id)) return SymbolPair<int32_t>{m->rank, left, right, m->id, l.len + r.len};
     } else if (!text_merges_.empty()) {
       auto it = text_merges_.find(text_key(span(l), span(r)));
       if (it != text_merges_.end())
-        queue.push(Pair{it->second, left, right, find(std::string_view(mapped.data() + l.start, l.len + r.len)),
-                        l.len + r.len});
+        return SymbolPair<int32_t>{it->second, left, right, find(std::string_view(mapped.data() + l.start, l.len + r.len)),
+                                   l.len + r.len};
     }
-  };
-  for (size_t i = 1; i < sym.size(); ++i) offer(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
-  while (!queue.empty()) {
-    const Pair p = queue.top();
-    queue.pop();
-    Symbol& l = sym[p.left];
-    Symbol& r = sym[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
-    l.id = p.id;
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = p.left;
-    offer(l.prev, p.left);
-    offer(p.left, l.next);
-  }
+    return std::nullopt;
+  });
 
   for (int32_t i = 0; i >= 0; i = sym[i].next) {
     const Symbol& s = sym[i];

@@ -70,20 +70,11 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     clean_spaces: bool
-    _token_to_id: dict[str, int] | None = field(default=None, repr=False)
     _index: Any = field(default=None, repr=False)
 
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
-
-    @property
-    def token_to_id(self) -> dict[str, int]:
-        """Every token's text -> id as a dict (of equal texts the last id, as llama.cpp), built
-        when first asked for: SentencePiece-style merging looks up texts in Python."""
-        if self._token_to_id is None:
-            self._token_to_id = dict(zip(self.tokens, range(self.n_vocab)))
-        return self._token_to_id
 
     @property
     def index(self) -> _core.TextIndex:
@@ -93,9 +84,7 @@ class Vocab:
         return self._index
 
     def find(self, text: str) -> int | None:
-        """The id of the token whose text is `text`, or None."""
-        if self._token_to_id is not None:
-            return self._token_to_id.get(text)
+        """The id of the token whose text is `text` (of equal texts the last, as llama.cpp), or None."""
         token = self.index.find(text)
         return token if token >= 0 else None
 
@@ -136,8 +125,6 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
         clean_spaces=pre.clean_spaces if pre is not None else False,
     )
-    if kind == "spm":
-        vocab.token_to_id  # noqa: B018 - its merging needs the dict; build it once, before any lookup
     vocab.special = _special_ids(metadata, vocab)
     vocab.eog_ids = _end_of_generation(vocab)
     return vocab
