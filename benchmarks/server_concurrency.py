@@ -81,7 +81,8 @@ def stream(url: str, prompt: str, n_tokens: int, banned: list[int], out: list, i
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if line.startswith("data: {"):
+            # only the usage chunk is parsed: the client shares the server's cores
+            if line.startswith("data: {") and '"usage"' in line:
                 usage = json.loads(line[6:]).get("usage")
                 if usage:
                     n_generated = usage["completion_tokens"]
