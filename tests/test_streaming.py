@@ -4,6 +4,7 @@ scheduler thread to the event loop, and the JSON of each chunk."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 
@@ -98,3 +99,17 @@ def test_abandon_ends_the_events_and_a_closed_loop_refuses_more():
     events = run(main())
     with pytest.raises(RuntimeError, match="closed"):
         events.deliver(Chunk("late", []))
+
+
+def test_a_finished_event_loop_leaves_no_mailbox_behind():
+    from ember.server import streaming
+
+    async def main():
+        JobEvents().deliver(Finished("stop", {}))
+        await asyncio.sleep(0)
+
+    before = len(streaming._MAILBOXES)
+    for _ in range(3):
+        run(main())
+    gc.collect()
+    assert len(streaming._MAILBOXES) <= before

@@ -29,18 +29,19 @@ class _Mailbox:
     """Events from the scheduler thread for one event loop, delivered in one callback."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # the loop keys the table of mailboxes: no strong reference
         self._lock = threading.Lock()
         self._items: list[tuple[JobEvents, object]] = []
 
     def post(self, events: JobEvents, event) -> None:
-        if self._loop.is_closed():
+        loop = self._loop()
+        if loop is None or loop.is_closed():
             raise RuntimeError("the event loop is closed")
         with self._lock:
             self._items.append((events, event))
             if len(self._items) > 1:
                 return  # a delivery is already on its way and takes this one along
-        self._loop.call_soon_threadsafe(self._deliver)
+        loop.call_soon_threadsafe(self._deliver)
 
     def _deliver(self) -> None:
         with self._lock:
