@@ -21,6 +21,7 @@
 #include "cpu_features.h"
 #include "text/bpe.h"
 #include "text/spm.h"
+#include "text/substrings.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -493,6 +494,9 @@ NB_MODULE(_core, m) {
            },
            "tokens"_a, "scores"_a, "byte_ids"_a)
       .def("encode", &spm_encode, "text"_a);
+  nb::class_<SubstringSet>(m, "SubstringSet")
+      .def(nb::init<std::vector<std::string>>(), "strings"_a)
+      .def("present", [](const SubstringSet& s, nb::handle text) { return s.present(utf8_of(text)); }, "text"_a);
 
   m.def("quantize_row", &quantize_row, "type"_a, "x"_a);
   m.def("dequantize_row", &dequantize_row, "type"_a, "raw"_a, "n"_a);

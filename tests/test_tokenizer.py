@@ -411,3 +411,19 @@ def test_the_native_vocabulary_checks_every_offset_and_length():
         _core.SpmVocab(index, scores, [3] * 256)
     with pytest.raises(ValueError, match="256 entries"):
         _core.SpmVocab(index, scores, [0] * 255)
+
+
+def test_the_native_substring_set_finds_what_python_finds():
+    import random
+
+    from ember import _core
+
+    rng = random.Random(5)
+    alphabet = "ab<>|é▁\n"
+    strings = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(300)})
+    strings += ["", strings[3]]  # an empty string is never present; a repeated one is found once
+    matcher = _core.SubstringSet(strings)
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        expected = sorted({strings.index(s) for s in strings if s and s in text})
+        assert matcher.present(text) == expected

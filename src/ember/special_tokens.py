@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from ember import _core
 from ember.vocab import CONTROL, UNKNOWN, USER_DEFINED, Vocab
 
 
@@ -23,7 +24,7 @@ class SpecialTokens:
         self._special = {vocab.tokens[i]: (rank, vocab.find(vocab.tokens[i]),
                                            not vocab.attrs[i] & (CONTROL | UNKNOWN))
                          for rank, i in enumerate(ids) if vocab.tokens[i]}
-        self._by_prefix: dict[bool, dict[str, tuple[set[str], list[int]]]] = {}
+        self._matchers: dict[bool, tuple[list[str], _core.SubstringSet]] = {}
 
     def encode(self, text: str, parse_special: bool, encode_plain: Callable[[str, list[int]], None]) -> list[int]:
         """The ids of `text`: special tokens as they are, the plain pieces between them through
@@ -56,24 +57,14 @@ class SpecialTokens:
         return pieces
 
     def _present(self, text: str, parse_special: bool) -> list[str]:
-        """The special tokens that occur in text, in partition order: each place where a token's
-        first two characters occur is checked for the tokens of each length that start so."""
-        present = set()
-        for prefix, (texts, lengths) in self._groups(parse_special).items():
-            start = text.find(prefix)
-            while start != -1:
-                present.update(t for t in (text[start:start + n] for n in lengths) if t in texts)
-                start = text.find(prefix, start + 1)
-        return sorted(present, key=lambda t: self._special[t][0])
+        """The special tokens that occur in text, in partition order (one native scan of the
+        text for all of them)."""
+        texts, matcher = self._matcher(parse_special)
+        return sorted((texts[i] for i in matcher.present(text)), key=lambda t: self._special[t][0])
 
-    def _groups(self, parse_special: bool) -> dict[str, tuple[set[str], list[int]]]:
-        """Special token texts by their first two characters, with their lengths."""
-        if parse_special not in self._by_prefix:
-            groups: dict[str, tuple[set[str], set[int]]] = {}
-            for t, (_, _, always) in self._special.items():
-                if always or parse_special:
-                    texts, lengths = groups.setdefault(t[:2], (set(), set()))
-                    texts.add(t)
-                    lengths.add(len(t))
-            self._by_prefix[parse_special] = {k: (texts, sorted(lengths)) for k, (texts, lengths) in groups.items()}
-        return self._by_prefix[parse_special]
+    def _matcher(self, parse_special: bool) -> tuple[list[str], _core.SubstringSet]:
+        """The special token texts recognised with or without parse_special, and their matcher."""
+        if parse_special not in self._matchers:
+            texts = [t for t, (_, _, always) in self._special.items() if always or parse_special]
+            self._matchers[parse_special] = texts, _core.SubstringSet(texts)
+        return self._matchers[parse_special]
