@@ -131,18 +131,28 @@ inline void store_rows8(const __m256 S[C], const __m256 O[C], float* out, size_t
   }
 }
 
-// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
-template <typename T, int C>
-inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                         const uint8_t* y, size_t y_stride) {
+// The frame of both rows-in-lanes kernels: for each block b (the rows two groups ahead
+// prefetched), body(b, xr, yc, S, O) adds the block's terms of the C tokens to S (scaled sums)
+// and O (offset terms); then each token's 8 sums S + O are stored.
+template <typename T, int C, typename Body>
+inline void rows8_frame(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                        const uint8_t* y, size_t y_stride, Body&& body) {
   const Rows8<T, C> rows(x, x_stride, n_rows, y, y_stride);
-  const auto* const* xr = rows.x;
-  const auto* const* yc = rows.y;
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
   for (int64_t b = 0; b < nb; ++b) {
     prefetch.at(x, b);
+    body(b, rows.x, rows.y, S, O);
+  }
+  store_rows8<C>(S, O, out, out_stride, n_rows);
+}
+
+// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
+template <typename T, int C>
+inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                         const uint8_t* y, size_t y_stride) {
+  rows8_frame<T, C>(nb, out, out_stride, x, x_stride, n_rows, y, y_stride, [&](int64_t b, auto xr, auto yc, __m256* S, __m256* O) {
     __m256i qx[8];
     for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
@@ -158,8 +168,7 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
       const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
       for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].s)), O[c]);
     }
-  }
-  store_rows8<C>(S, O, out, out_stride, n_rows);
+  });
 }
 
 // Four tokens' activations for quad_kernel, block by block: in qs[h], lane 4 k + t holds token
@@ -317,14 +326,7 @@ inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __
 template <typename T, int C>
 inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                           const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
-  const Rows8<T, C> rows(x, x_stride, n_rows, y, y_stride);
-  const auto* const* xr = rows.x;
-  const auto* const* yc = rows.y;
-  __m256 S[C], O[C];
-  for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
-  const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
-  for (int64_t b = 0; b < nb; ++b) {
-    prefetch.at(x, b);
+  rows8_frame<T, C>(nb, out, out_stride, x, x_stride, n_rows, y, y_stride, [&](int64_t b, auto xr, auto yc, __m256* S, __m256* O) {
     __m256i w[8];
     unpack_transposed_8<T>(xr, b, w);
     __m256i even[C], odd[C];
@@ -349,8 +351,7 @@ inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8
       const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
       for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(ys.s[c][b]), O[c]);
     }
-  }
-  store_rows8<C>(S, O, out, out_stride, n_rows);
+  });
 }
 
 // n_rows weight rows x C tokens through rows8t_kernel.
