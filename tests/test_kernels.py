@@ -78,6 +78,37 @@ def test_activation_quantizer_is_bit_exact_with_reference(isa, t):
     assert np.array_equal(_core.quantize_row(int(t), x), quantize(x, t).reshape(-1))
 
 
+def rounding_edges():
+    """Blocks whose scaled values x / d fall on halves and next to them (d = 1: max|x| = 127),
+    an all-zero block, and one with a single tiny value."""
+    halves = np.arange(-126.5, 127, 1.0, dtype=np.float32)
+    below = np.nextafter(halves, np.float32(0))
+    edges = np.concatenate([halves, below, np.float32([0.5, -0.5, 0.49999997, -0.49999997])])
+    blocks = []
+    for i in range(0, edges.size, 31):
+        part = edges[i:i + 31]
+        blocks.append(np.concatenate([[np.float32(127)], part, np.zeros(31 - part.size, np.float32)]))
+    blocks.append(np.zeros(32, np.float32))
+    blocks.append(np.concatenate([[np.float32(1e-30)], np.zeros(31, np.float32)]))
+    return np.concatenate(blocks).astype(np.float32)
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q8_1], ids=lambda t: TYPES[t].name)
+def test_activation_quantizers_round_halves_as_the_scalar_reference(isa, t):
+    x = rounding_edges()
+    got = _core.quantize_row(int(t), x)
+    previous = _core.isa()
+    _core.set_isa("scalar")
+    try:
+        expected = _core.quantize_row(int(t), x)
+    finally:
+        _core.set_isa(previous)
+    assert np.array_equal(got, expected)
+    if t == GGMLType.Q8_0:
+        qs = got.reshape(-1, 34)[0, 2:].view(np.int8)
+        assert list(qs[1:4]) == [-127, -126, -125]  # -126.5 -> -127: halves go away from zero
+
+
 def reference_q8_1(x):
     blocks = x.reshape(-1, 32)
     d = np.abs(blocks).max(axis=1) / 127

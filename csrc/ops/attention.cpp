@@ -20,7 +20,19 @@ namespace {
 
 // Query heads that share a KV head are computed together, so each F16 key and value row is
 // converted once for all of them; per head the sums run in the same order as for one head alone.
-constexpr int kMaxHeads = 4;  // heads per pass (accumulators in registers)
+constexpr int kMaxHeads = 4;
+  // heads per pass (accumulators in registers)
+
+constexpr int64_t kPrefetchAhead = 8;  // positions
+
+inline void prefetch_bytes(const void* p, size_t bytes) {
+#if defined(__AVX2__)
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+#else
+  (void)p, (void)bytes;
+#endif
+}
 
 // out[g * out_stride] = dot(q + g * n, k) for g < G.
 template <int G>
@@ -58,11 +70,30 @@ inline void dots_f32_f16(const float* q, const uint16_t* k, int64_t n, float* ou
 }
 
 // acc[g * head_dim + c] = sum over j in [first, pos] of w[g * w_stride + j] * v_j[c], g < G, in
-// order of j. With AVX2, 16 columns at a time stay in registers across all j.
+// order of j: one chain of FMAs per column, whatever the vector width. With AVX-512, 64 columns
+// (4 G accumulators) stay in registers across all j; with AVX2, 16.
 template <int G>
 inline void weighted_values(float* acc, const float* w, size_t w_stride, KVCache& cache, int64_t seq,
                             int64_t offset, int64_t first, int64_t pos, int64_t head_dim) {
   int64_t c0 = 0;
+#if defined(__AVX512F__)
+  for (; c0 + 64 <= head_dim; c0 += 64) {
+    __m512 a[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int q = 0; q < 4; ++q) a[g][q] = _mm512_setzero_ps();
+    for (int64_t j = first; j <= pos; ++j) {
+      const uint16_t* v = cache.v_row(seq, j) + offset + c0;
+      __m512 vq[4];
+      for (int q = 0; q < 4; ++q) vq[q] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * q)));
+      for (int g = 0; g < G; ++g) {
+        const __m512 wj = _mm512_set1_ps(w[g * w_stride + j]);
+        for (int q = 0; q < 4; ++q) a[g][q] = _mm512_fmadd_ps(wj, vq[q], a[g][q]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + g * head_dim + c0 + 16 * q, a[g][q]);
+  }
+#endif
 #if defined(__AVX2__)
   for (; c0 + 16 <= head_dim; c0 += 16) {
     __m256 a[G][2];
@@ -94,6 +125,46 @@ inline void weighted_values(float* acc, const float* w, size_t w_stride, KVCache
   }
 }
 
+// s[j] = exp(c(s[j] scale) - max), j < n, where c caps the logits softly when softcap > 0;
+// returns the sum of the new s[j]. With AVX-512, 16 positions at a time (the last ones masked).
+inline float softmax_in_place(float* s, int64_t n, float scale, float softcap) {
+  int64_t j = 0;
+  float max_score = -INFINITY, sum = 0.0f;
+#if defined(__AVX512F__)
+  const __m512 vscale = _mm512_set1_ps(scale), vcap = _mm512_set1_ps(softcap), inv_cap = _mm512_set1_ps(1.0f / softcap);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), vscale);
+    if (softcap > 0.0f) x = _mm512_mul_ps(vcap, tanh_approx16(_mm512_mul_ps(x, inv_cap)));
+    _mm512_mask_storeu_ps(s + j, m, x);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
+  }
+  max_score = _mm512_reduce_max_ps(vmax);
+  const __m512 vm = _mm512_set1_ps(max_score);
+  __m512 vsum = _mm512_setzero_ps();
+  for (j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    const __m512 e = exp_approx16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vm));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+  }
+  return _mm512_reduce_add_ps(vsum);
+#else
+  for (; j < n; ++j) {
+    float x = s[j] * scale;
+    if (softcap > 0.0f) x = softcap * tanh_approx(x / softcap);
+    s[j] = x;
+    max_score = std::max(max_score, x);
+  }
+  for (j = 0; j < n; ++j) {
+    s[j] = exp_approx(s[j] - max_score);
+    sum += s[j];
+  }
+  return sum;
+#endif
+}
+
 // Heads h0 .. h0 + G - 1 of token t, all on KV head kvh: scores over the visible positions,
 // softmax, the weighted sum of values. scores: G x n_ctx floats, acc: G x head_dim.
 template <int G>
@@ -104,25 +175,16 @@ void attend_heads(const Node& n, ExecContext& ctx, KVCache& cache, int64_t t, in
   const int64_t pos = ctx.positions[t], seq = ctx.seq_ids[t], n_ctx = cache.n_ctx;
   const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
   const float* q = operand_row(ctx, src_tensor(ctx, n, 0), t) + h0 * head_dim;
-  for (int64_t j = first; j <= pos; ++j)
+  // The cache rows come from memory (a step's weights pass through the caches in between):
+  // fetch the keys kPrefetchAhead positions ahead, and each value row as its key is used.
+  const size_t row_bytes = head_dim * sizeof(uint16_t);
+  for (int64_t j = first; j <= pos; ++j) {
+    if (j + kPrefetchAhead <= pos) prefetch_bytes(cache.k_row(seq, j + kPrefetchAhead) + kvh * head_dim, row_bytes);
+    prefetch_bytes(cache.v_row(seq, j) + kvh * head_dim, row_bytes);
     dots_f32_f16<G>(q, cache.k_row(seq, j) + kvh * head_dim, head_dim, scores + j, n_ctx);
-  float inv_sum[G];
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * n_ctx;
-    float max_score = -INFINITY;
-    for (int64_t j = first; j <= pos; ++j) {
-      float s = sg[j] * scale;
-      if (softcap > 0.0f) s = softcap * tanh_approx(s / softcap);
-      sg[j] = s;
-      max_score = std::max(max_score, s);
-    }
-    float sum = 0.0f;
-    for (int64_t j = first; j <= pos; ++j) {
-      sg[j] = exp_approx(sg[j] - max_score);
-      sum += sg[j];
-    }
-    inv_sum[g] = 1.0f / sum;
   }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) inv_sum[g] = 1.0f / softmax_in_place(scores + g * n_ctx + first, pos + 1 - first, scale, softcap);
   weighted_values<G>(acc, scores, n_ctx, cache, seq, kvh * head_dim, first, pos, head_dim);
   float* y = row_f32(ctx, out_tensor(ctx, n), t) + h0 * head_dim;
   for (int g = 0; g < G; ++g)

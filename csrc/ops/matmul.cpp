@@ -22,6 +22,22 @@ Range row_tiles(int64_t n_rows, int ith, int nth) {
   return {tiles.begin * kRowTile, std::min(n_rows, tiles.end * kRowTile)};
 }
 
+// The M activation rows converted to `type`, row t at work + t * stride. The threads share the
+// rows' blocks (a block's conversion depends on it alone), so one token keeps both threads busy.
+void quantize_activations(ExecContext& ctx, const Tensor& x, GGMLType type, int64_t K, int64_t M, uint8_t* work,
+                          size_t stride, int ith, int nth) {
+  const QuantizeRowFn quantize = ctx.kernels->of(type).quantize_row;
+  const TypeTraits& traits = type_traits(type);
+  const int64_t per_row = K / traits.block_size;
+  const Range blocks = split(M * per_row, ith, nth);
+  for (int64_t i = blocks.begin; i < blocks.end;) {
+    const int64_t t = i / per_row, b0 = i % per_row, b1 = std::min(per_row, b0 + (blocks.end - i));
+    quantize(operand_row(ctx, x, t) + b0 * traits.block_size, work + t * stride + b0 * traits.type_size,
+             (b1 - b0) * traits.block_size);
+    i += b1 - b0;
+  }
+}
+
 void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint8_t* act, size_t act_stride) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
   const TypeKernels& tk = ctx.kernels->of(w.type);
@@ -58,9 +74,7 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
   if (tk.vec_dot_type != GGMLType::F32) {
     const size_t stride = (row_bytes(tk.vec_dot_type, K) + 63) & ~size_t(63);
     uint8_t* work = ctx.arena + n.work_offset;
-    const QuantizeRowFn quantize = ctx.kernels->of(tk.vec_dot_type).quantize_row;
-    const Range rows = split(M, ith, nth);
-    for (int64_t t = rows.begin; t < rows.end; ++t) quantize(operand_row(ctx, x, t), work + t * stride, K);
+    quantize_activations(ctx, x, tk.vec_dot_type, K, M, work, stride, ith, nth);
     ctx.barrier();
     act = work;
     act_stride = stride;

@@ -10,11 +10,11 @@
 // Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
 //
 // Three shapes of lanes:
-// - rows in lanes (decode and batches of up to 8 tokens): 8 weight rows in 8 lanes, either with
-//   the 8 rows' unpacked quants transposed once per block, so that a broadcast 4-byte group of
-//   a token's activations meets group k of every row (rows8t_kernel), or with each row's
-//   per-block sums reduced across lanes (rows8_kernel); then scaled and accumulated for all 8
-//   rows at once;
+// - rows in lanes (decode and batches of up to 8 tokens): 16 or 8 weight rows in the lanes of
+//   a 512- or 256-bit vector, either with the rows' unpacked quants transposed once per block,
+//   so that a broadcast 4-byte group of a token's activations meets group k of every row
+//   (rows16t_kernel, rows8t_kernel), or with each row's per-block sums reduced across lanes
+//   (rows8_kernel); then scaled and accumulated for all the rows at once;
 // - rows x tokens (batches, 4 tokens at a time, where rows8t_kernel does not pay): 4 rows x 4
 //   tokens in one vector;
 // - tokens in lanes (prompt processing): the activations of 16 tokens are repacked once per
@@ -46,6 +46,7 @@
 
 namespace ember {
 namespace EMBER_ISA_NS {
+
 
 // One block of a 16-token activation panel (see kernels.h: kPanelTokens, kPanelBlockBytes).
 struct PanelBlock {
@@ -364,9 +365,127 @@ inline void rows8t(int64_t nb, float* out, size_t out_stride, const uint8_t* x, 
     rows8t_kernel<T, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(8, n_rows - r), y, y_stride, ys);
 }
 
+// acc + the dot products of w's unsigned bytes with the 4 signed bytes at g, broadcast to every
+// lane: one vpdpbusd with an embedded broadcast (the compiler keeps a separate vpbroadcastd).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* g) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(g)));
+  return acc;
+}
+
+// Block b of 16 rows unpacked to unsigned bytes and transposed: w[k] holds group k (elements
+// 4k .. 4k + 3) of rows 0 .. 15, row r in lane r. The 4-bit types put the packed bytes of rows
+// i, i + 4, i + 8 and i + 12 in one vector, a row per 128-bit quarter, so that unpacks within
+// quarters leave the rows in order; Q8_0 transposes rows r and r + 8 side by side as
+// transpose_8x8_epi32 does, and one two-source permute per group puts the quarters in order.
+template <typename T>
+inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, __m512i w[8]) {
+  using BX = typename T::BX;
+  if constexpr (std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1>) {
+    auto quarter = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[r][b].qs)); };
+    __m512i p[4];
+    for (int i = 0; i < 4; ++i) {
+      p[i] = _mm512_castsi128_si512(quarter(i));
+      p[i] = _mm512_inserti32x4(p[i], quarter(i + 4), 1);
+      p[i] = _mm512_inserti32x4(p[i], quarter(i + 8), 2);
+      p[i] = _mm512_inserti32x4(p[i], quarter(i + 12), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(p[0], p[1]), t1 = _mm512_unpackhi_epi32(p[0], p[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(p[2], p[3]), t3 = _mm512_unpackhi_epi32(p[2], p[3]);
+    const __m512i q[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                          _mm512_unpackhi_epi64(t1, t3)};
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      w[j] = _mm512_and_si512(q[j], low);
+      w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low);
+    }
+  } else {
+    static_assert(std::is_same_v<BX, block_q8_0>, "unpack_transposed_16: Q4_0, Q4_1 or Q8_0");
+    __m512i v[8], t[8], u[8];
+    for (int r = 0; r < 8; ++r)
+      v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(T::unpack_unsigned(xr[r][b])), T::unpack_unsigned(xr[r + 8][b]), 1);
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+      u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+      u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+      u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    const __m512i even_quarters = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i odd_quarters = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm512_permutex2var_epi64(u[k], even_quarters, u[4 + k]);
+      w[k + 4] = _mm512_permutex2var_epi64(u[k], odd_quarters, u[4 + k]);
+    }
+  }
+}
+
+// 16 weight rows x C tokens: rows8t_kernel's sums with 16 rows in the lanes of 512-bit vectors
+// (row r in lane r), so each instruction serves twice the rows; the 16 rows' f16 scales (and
+// Q4_1's offsets, which follow them) come in one 4-byte load per row.
+template <typename T, int C>
+inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                           const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
+  using BX = typename T::BX;
+  using BY = typename T::BY;
+  const BX* xr[16];
+  for (int r = 0; r < 16; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
+  const BY* yc[C];
+  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  __m512 S[C], O[C];
+  for (int c = 0; c < C; ++c) S[c] = O[c] = _mm512_setzero_ps();
+  const RowPrefetch prefetch(16, 32, x_stride, nb);  // the 16 rows after the next 16
+  auto head = [&](int r, int64_t b) {
+    int32_t v;
+    std::memcpy(&v, &xr[r][b], 4);  // d, then m (Q4_1) or the first quants
+    return v;
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch.at(x, b);
+    __m512i w[8];
+    unpack_transposed_16<T>(xr, b, w);
+    __m512i even[C], odd[C];
+    for (int c = 0; c < C; ++c) even[c] = odd[c] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+      for (int c = 0; c < C; ++c) {
+        even[c] = dpbusd_bcast(even[c], w[k], yc[c][b].qs + 4 * k);
+        odd[c] = dpbusd_bcast(odd[c], w[k + 1], yc[c][b].qs + 4 * k + 4);
+      }
+    }
+    const __m512i heads = _mm512_setr_epi32(head(0, b), head(1, b), head(2, b), head(3, b), head(4, b), head(5, b),
+                                            head(6, b), head(7, b), head(8, b), head(9, b), head(10, b), head(11, b),
+                                            head(12, b), head(13, b), head(14, b), head(15, b));
+    const __m512 dx = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads));
+    for (int c = 0; c < C; ++c) {
+      __m512i isum = _mm512_add_epi32(even[c], odd[c]);
+      if constexpr (T::kZeroShift >= 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(ys.zero[c][b]));
+      const __m512 dxdy = _mm512_mul_ps(dx, _mm512_set1_ps(ys.d[c][b]));
+      S[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dxdy, S[c]);
+    }
+    if constexpr (T::kOffset) {
+      const __m512 mx = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(heads, 16)));
+      for (int c = 0; c < C; ++c) O[c] = _mm512_fmadd_ps(mx, _mm512_set1_ps(ys.s[c][b]), O[c]);
+    }
+  }
+  const __mmask16 lanes = static_cast<__mmask16>((1u << n_rows) - 1);
+  for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + c * out_stride, lanes, _mm512_add_ps(S[c], O[c]));
+}
+
+// n_rows weight rows x C tokens through rows16t_kernel.
+template <typename T, int C>
+inline void rows16t(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                    const uint8_t* y, size_t y_stride) {
+  TokenScales<C> ys;
+  ys.template fill<T>(nb, y, y_stride);
+  for (int r = 0; r < n_rows; r += 16)
+    rows16t_kernel<T, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(16, n_rows - r), y, y_stride, ys);
+}
+
 // The kernel table's gemm_tile: any rows x up to 8 tokens (decode and batched decode), through
-// rows8t_kernel (rows of up to kMaxScaleBlocks blocks), quad_kernel (up to kMaxQuadBlocks) or
-// rows8_kernel, as below.
+// rows16t_kernel or rows8t_kernel (rows of up to kMaxScaleBlocks blocks), quad_kernel (up to
+// kMaxQuadBlocks) or rows8_kernel, as below.
 template <typename T>
 void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                size_t y_stride, int n_rows, int n_cols) {
@@ -374,24 +493,30 @@ void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
   using BX = typename T::BX;
-  // Measured on Zen 4 (1536 x 576 weights in cache, 1 thread): rows8t_kernel beats rows8_kernel
-  // and quad_kernel for every token count where its transposition is cheap (the 4-bit types
-  // transpose packed bytes, Q8_0's quants are bytes already: +8-45%), and for groups of 4
-  // tokens of Q5_0 (+18%); Q5_1 keeps quad_kernel (rows8t 17% slower there).
-  constexpr bool q4_or_q8 = std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1> ||
-                            std::is_same_v<BX, block_q8_0>;
-  constexpr bool fours = !std::is_same_v<BX, block_q5_1>;
+  // Measured on Zen 4 (2 threads, weights from memory): rows16t_kernel beats rows8t_kernel at
+  // every token count for Q4_0 and Q4_1 (whose transposition works on packed bytes: +20-60%)
+  // and for groups of 4 tokens of Q8_0 (+10%; at 1 and 2 tokens a tie). rows8t_kernel beats
+  // rows8_kernel and quad_kernel for groups of 4 tokens of Q5_0 (+18%); Q5_1 keeps quad_kernel
+  // (rows8t 17% slower there) and rows8_kernel, as Q5_0 does for 1-3 tokens.
+  constexpr bool nibbles = std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1>;
   int c0 = 0;
+  auto tokens = [&](auto kernel, int C) {
+    for (; c0 + C <= n_cols; c0 += C) kernel(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
+  };
   if (nb <= kMaxScaleBlocks) {
-    if constexpr (fours)
-      for (; c0 + 4 <= n_cols; c0 += 4) rows8t<T, 4>(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
-    if constexpr (q4_or_q8) {
-      for (; c0 + 2 <= n_cols; c0 += 2) rows8t<T, 2>(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
-      for (; c0 < n_cols; ++c0) rows8t<T, 1>(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
+    if constexpr (nibbles) {
+      tokens(rows16t<T, 4>, 4);
+      tokens(rows16t<T, 2>, 2);
+      tokens(rows16t<T, 1>, 1);
+    } else if constexpr (std::is_same_v<BX, block_q8_0>) {
+      tokens(rows16t<T, 4>, 4);
+      tokens(rows8t<T, 2>, 2);
+      tokens(rows8t<T, 1>, 1);
+    } else if constexpr (!std::is_same_v<BX, block_q5_1>) {
+      tokens(rows8t<T, 4>, 4);
     }
   }
-  if (nb <= kMaxQuadBlocks)
-    for (; c0 + 4 <= n_cols; c0 += 4) quad_rows<T>(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
+  if (nb <= kMaxQuadBlocks) tokens(quad_rows<T>, 4);
   for (int r = 0; r < n_rows; r += 8) {
     const int rows = std::min(8, n_rows - r);
     float* o = out + r;

@@ -76,6 +76,55 @@ void vec_dot_q8_0_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
 }
 
 #if defined(__AVX2__)
+// round(t) as std::round does it (halves away from zero), exactly: the truncation, plus the sign
+// where the dropped fraction (exact in float) is at least a half.
+inline __m256i round_half_away_epi32(__m256 t) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 whole = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 fraction = _mm256_andnot_ps(sign, _mm256_sub_ps(t, whole));
+  const __m256 up = _mm256_cmp_ps(fraction, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m256 step = _mm256_or_ps(_mm256_and_ps(t, sign), _mm256_set1_ps(1.0f));
+  return _mm256_cvttps_epi32(_mm256_add_ps(whole, _mm256_and_ps(up, step)));
+}
+
+// The reference quantizer's block of 32 (d = max|x| / 127, q = round(x / d)) in 8 lanes, the
+// same bits: qs gets the quants, the result is d; *sum (when given) gets sum(q).
+inline float quantize_block_32(const float* x, int8_t* qs, int* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);  // a NaN is skipped, as std::max does
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float d = _mm_cvtss_f32(m4) / 127.0f;
+  const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) q[i] = round_half_away_epi32(_mm256_mul_ps(v[i], id));
+  if (sum) *sum = hsum_i32_8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return d;
+}
+
+void quantize_row_q8_0_avx2(const float* src, void* dst, int64_t n) {
+  block_q8_0* y = static_cast<block_q8_0*>(dst);
+  for (int64_t b = 0; b < n / QK8_0; ++b) y[b].d = fp32_to_fp16(quantize_block_32(src + b * QK8_0, y[b].qs, nullptr));
+}
+
+void quantize_row_q8_1_avx2(const float* src, void* dst, int64_t n) {
+  block_q8_1* y = static_cast<block_q8_1*>(dst);
+  for (int64_t b = 0; b < n / QK8_1; ++b) {
+    int sum;
+    const float d = quantize_block_32(src + b * QK8_1, y[b].qs, &sum);
+    y[b].d = fp32_to_fp16(d);
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
+  }
+}
+
 struct Q8_0Tile {
   using BX = block_q8_0;
   using BY = block_q8_0;
@@ -95,6 +144,8 @@ void register_q8(KernelTable& t) {
                                                vec_dot_q8_0_q8_0};
   t.types[static_cast<int>(GGMLType::Q8_1)] = {GGMLType::Q8_1, dequantize_row_q8_1, quantize_row_q8_1, nullptr};
 #if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q8_0)].quantize_row = quantize_row_q8_0_avx2;
+  t.types[static_cast<int>(GGMLType::Q8_1)].quantize_row = quantize_row_q8_1_avx2;
   t.types[static_cast<int>(GGMLType::Q8_0)].vec_dot = vec_dot_tile<Q8_0Tile>;
   t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
 #endif
