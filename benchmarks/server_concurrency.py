@@ -7,7 +7,9 @@ Starts the real server on 127.0.0.1 (--parallel = the largest stream count), the
 stream count sends that many streaming completions at once (a different prompt each,
 temperature 0, end-of-generation tokens banned so that each generates exactly --tokens
 tokens) and measures generated tokens per second of wall time, from the first request sent
-to the last `data: [DONE]`. Each count is run --repeat times; the median is reported.
+to the last `data: [DONE]`. Each count is run --repeat times, the counts interleaved; the
+median is reported, and the median of the rounds' own ratios (each round's n streams against
+the single stream run just before it), which a drift in the machine's speed disturbs less.
 
 Continuous batching advances every stream by one token per graph run, reading each weight
 once per step for all of them, so the aggregate speed grows with the streams. The target:
@@ -140,6 +142,12 @@ def report(args, speeds: dict[int, list[float]], steps: dict[int, tuple[float, f
     for n, values in sorted(speeds.items()):
         rounds = ", ".join(f"{v:.1f}" for v in values)
         lines.append(f"| {n} | {statistics.median(values):.1f} | {rounds} | {statistics.median(values) / base:.2f}x |")
+    single = speeds[min(speeds)]
+    for n, values in sorted(speeds.items()):
+        if n != min(speeds):  # each round's n streams against the single stream measured just before
+            paired = sorted(v / s for v, s in zip(values, single))
+            lines += ["", f"{n} streams against 1, round by round: median {statistics.median(paired):.2f}x "
+                          f"(from {paired[0]:.2f}x to {paired[-1]:.2f}x)"]
     one_wall, one_cpu = steps[min(steps)]
     lines += ["", "The runtime alone (`Model.decode_batch`, one step of n sequences):", "",
               "| sequences | wall ms / step | CPU ms / step | tokens/s vs 1 (wall) | tokens/s vs 1 (CPU) |",
