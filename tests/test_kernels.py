@@ -215,9 +215,9 @@ def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t):
 @pytest.mark.parametrize("n_in", [5632, 20736])
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
 def test_long_rows_in_small_batches(isa, t, n_in):
-    """Rows of 5632 weights (176 blocks of 32, past the 160 that the AVX-512 kernel for 4 tokens
-    stages on its stack) and of 20736 (648 blocks, past the 640 whose activation scales the
-    transposed-rows kernel stages): 5 tokens against numpy, and each with the bits it gets alone."""
+    """Rows of 5632 weights (176 blocks of 32) and of 20736 (648 blocks, past the 640 whose
+    activation scales the AVX-512 transposed-rows kernel stages, so that its fallback runs):
+    5 tokens against numpy, and each with the bits it gets alone."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
     n_out = 19

@@ -9,14 +9,13 @@
 // decode step or inside a prompt, and the server's batched decode equals single decoding.
 // Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
 //
-// Three shapes of lanes:
-// - rows in lanes (decode and batches of up to 8 tokens): 16 or 8 weight rows in the lanes of
-//   a 512- or 256-bit vector, either with the rows' unpacked quants transposed once per block,
-//   so that a broadcast 4-byte group of a token's activations meets group k of every row
-//   (rows16t_kernel, rows8t_kernel), or with each row's per-block sums reduced across lanes
-//   (rows8_kernel); then scaled and accumulated for all the rows at once;
-// - rows x tokens (batches, 4 tokens at a time, where rows8t_kernel does not pay): 4 rows x 4
-//   tokens in one vector;
+// Two shapes of lanes:
+// - rows in lanes (decode and batches of up to 8 tokens): either 16 weight rows in a 512-bit
+//   vector with their unpacked quants transposed once per block, so that a broadcast 4-byte
+//   group of a token's activations meets group k of every row (rows16t_kernel), or 8 rows with
+//   each row's per-block sums reduced across lanes (rows8_kernel, for one token of Q5_0 and for
+//   rows too long to stage their tokens' scales); then scaled and accumulated for all the rows
+//   at once;
 // - tokens in lanes (prompt processing): the activations of 16 tokens are repacked once per
 //   matmul into a panel, block by block, with token t's elements 4k..4k+3 in lane t of chunk k;
 //   one vpdpbusd then multiplies a broadcast 4-byte group of one weight row with all 16
@@ -132,9 +131,9 @@ inline void store_rows8(const __m256 S[C], const __m256 O[C], float* out, size_t
   }
 }
 
-// The frame of both rows-in-lanes kernels: for each block b (the rows two groups ahead
-// prefetched), body(b, xr, yc, S, O) adds the block's terms of the C tokens to S (scaled sums)
-// and O (offset terms); then each token's 8 sums S + O are stored.
+// The frame of rows8_kernel: for each block b (the rows two groups ahead prefetched), body(b,
+// xr, yc, S, O) adds the block's terms of the C tokens to S (scaled sums) and O (offset
+// terms); then each token's 8 sums S + O are stored.
 template <typename T, int C, typename Body>
 inline void rows8_frame(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                         const uint8_t* y, size_t y_stride, Body&& body) {
@@ -172,86 +171,7 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   });
 }
 
-// Four tokens' activations for quad_kernel, block by block: in qs[h], lane 4 k + t holds token
-// t's bytes 4 (4 h + k) .. 4 (4 h + k) + 3; the other fields hold token t's value in lane 4 r + t
-// for every r, the lane layout of the results.
-struct QuadBlock {
-  int8_t qs[2][4][4][4];
-  float d[16];
-  int32_t zero[16];  // z sum(q)
-  float s[16];       // Q8_1's s
-};
-constexpr int64_t kMaxQuadBlocks = 160;  // rows of up to 5120 weights (50 KiB of QuadBlocks)
-
-template <typename T>
-void fill_quad_blocks(int64_t nb, const uint8_t* y, size_t y_stride, QuadBlock* q) {
-  using BY = typename T::BY;
-  for (int t = 0; t < 4; ++t) {
-    const BY* row = reinterpret_cast<const BY*>(y + t * y_stride);
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int g = 0; g < 8; ++g) std::memcpy(q[b].qs[g / 4][g % 4][t], row[b].qs + 4 * g, 4);
-      const float d = fp16_to_fp32(row[b].d);
-      const int zero = zero_point_sum<T>(row[b].qs);
-      float s = 0.0f;
-      if constexpr (T::kOffset) s = fp16_to_fp32(row[b].s);
-      for (int r = 0; r < 4; ++r) q[b].d[4 * r + t] = d, q[b].zero[4 * r + t] = zero, q[b].s[4 * r + t] = s;
-    }
-  }
-}
-
-// 4 weight rows (rows past n_rows repeat the last one) x 4 tokens, result (row r, token t) in
-// lane 4 r + t. Each row's 4-byte groups are spread over the token lanes by one permute per half
-// block, two vpdpbusd give each lane the sums of groups k and k + 4, and the four partial sums of
-// a (row, token) pair, one per 128-bit quarter, are added across the rows' vectors.
-template <typename T>
-inline void quad_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                        const QuadBlock* q) {
-  using BX = typename T::BX;
-  const BX* xr[4];
-  for (int r = 0; r < 4; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
-  const __m512i spread_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
-  const __m512i row_of_lane = spread_lo;  // lane 4 r + t -> r
-  __m512 S = _mm512_setzero_ps(), O = _mm512_setzero_ps();
-  const RowPrefetch prefetch(4, 8, x_stride, nb);  // the 4 rows after the next 4
-  for (int64_t b = 0; b < nb; ++b) {
-    prefetch.at(x, b);
-    const __m512i a_lo = _mm512_loadu_si512(q[b].qs[0]), a_hi = _mm512_loadu_si512(q[b].qs[1]);
-    __m512i acc[4];
-    for (int r = 0; r < 4; ++r) {
-      const __m512i w = _mm512_castsi256_si512(T::unpack_unsigned(xr[r][b]));
-      acc[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_permutexvar_epi32(spread_lo, w), a_lo);
-      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_permutexvar_epi32(spread_hi, w), a_hi);
-    }
-    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(acc[0], acc[1], 0x44), _mm512_shuffle_i32x4(acc[0], acc[1], 0xEE));
-    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(acc[2], acc[3], 0x44), _mm512_shuffle_i32x4(acc[2], acc[3], 0xEE));
-    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xDD));
-    const __m512i isum = _mm512_sub_epi32(sums, _mm512_loadu_si512(q[b].zero));
-    const __m128 dx4 = _mm256_castps256_ps128(f16x8([&](int i) { return xr[i][b].d; }, 4));
-    const __m512 dx = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(dx4));
-    S = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, _mm512_loadu_ps(q[b].d)), S);
-    if constexpr (T::kOffset) {
-      const __m128 mx4 = _mm256_castps256_ps128(f16x8([&](int i) { return xr[i][b].m; }, 4));
-      O = _mm512_fmadd_ps(_mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(mx4)), _mm512_loadu_ps(q[b].s), O);
-    }
-  }
-  alignas(64) float result[16];
-  _mm512_store_ps(result, _mm512_add_ps(S, O));
-  for (int r = 0; r < n_rows; ++r)
-    for (int t = 0; t < 4; ++t) out[t * out_stride + r] = result[4 * r + t];
-}
-
-// n_rows weight rows x 4 tokens.
-template <typename T>
-inline void quad_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                      const uint8_t* y, size_t y_stride) {
-  QuadBlock q[kMaxQuadBlocks];
-  fill_quad_blocks<T>(nb, y, y_stride, q);
-  for (int r = 0; r < n_rows; r += 4)
-    quad_kernel<T>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(4, n_rows - r), q);
-}
-
-// The activation scales of C tokens, block by block, for rows8t_kernel's broadcasts.
+// The activation scales of C tokens, block by block, for rows16t_kernel's broadcasts.
 constexpr int64_t kMaxScaleBlocks = 640;  // rows of up to 20480 weights (30 KiB for 4 tokens)
 
 template <int C>
@@ -274,97 +194,6 @@ struct TokenScales {
   }
 };
 
-// v[r] (row r's 8 four-byte groups) -> v[k] (group k of the 8 rows).
-inline void transpose_8x8_epi32(__m256i v[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);      // groups 0 1 | 4 5 of rows 2i, 2i + 1
-    t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);  // groups 2 3 | 6 7
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3
-    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);      // group 0 | 4
-    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);      // group 1 | 5
-    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);  // group 2 | 6
-    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);  // group 3 | 7
-  }
-  for (int k = 0; k < 4; ++k) {
-    v[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
-    v[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
-  }
-}
-
-// Row r's block b unpacked to bytes, transposed: w[k] holds group k (elements 4k .. 4k + 3) of
-// the 8 rows, row r in lane r. The 4-bit types transpose their packed bytes first (packed
-// 4-byte group j holds groups j and j + 4 in its low and high nibbles): half the shuffles.
-template <typename T>
-inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __m256i w[8]) {
-  using BX = typename T::BX;
-  if constexpr (std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1>) {
-    __m256i p[4];  // rows i and i + 4, in the two halves
-    for (int i = 0; i < 4; ++i)
-      p[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[i][b].qs))),
-                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[i + 4][b].qs)), 1);
-    const __m256i t0 = _mm256_unpacklo_epi32(p[0], p[1]), t1 = _mm256_unpackhi_epi32(p[0], p[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(p[2], p[3]), t3 = _mm256_unpackhi_epi32(p[2], p[3]);
-    const __m256i q[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
-                          _mm256_unpackhi_epi64(t1, t3)};
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int j = 0; j < 4; ++j) {
-      w[j] = _mm256_and_si256(q[j], low);
-      w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), low);
-    }
-  } else {
-    for (int r = 0; r < 8; ++r) w[r] = T::unpack_unsigned(xr[r][b]);
-    transpose_8x8_epi32(w);
-  }
-}
-
-// 8 weight rows (rows past n_rows repeat the last one) x C tokens: the 8 rows' unpacked quants
-// are transposed once per block, so that lane r of a vpdpbusd with a broadcast 4-byte group of
-// a token's activations accumulates row r, and after the block's 8 groups each lane holds its
-// row's exact block sum with no reduction across lanes. The tokens' sums are interleaved (and
-// split in two) so that the dependent chains of vpdpbusd overlap.
-template <typename T, int C>
-inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                          const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
-  rows8_frame<T, C>(nb, out, out_stride, x, x_stride, n_rows, y, y_stride, [&](int64_t b, auto xr, auto yc, __m256* S, __m256* O) {
-    __m256i w[8];
-    unpack_transposed_8<T>(xr, b, w);
-    __m256i even[C], odd[C];
-    for (int c = 0; c < C; ++c) even[c] = odd[c] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
-      for (int c = 0; c < C; ++c) {
-        int32_t g0, g1;
-        std::memcpy(&g0, yc[c][b].qs + 4 * k, 4);
-        std::memcpy(&g1, yc[c][b].qs + 4 * k + 4, 4);
-        even[c] = _mm256_dpbusd_epi32(even[c], w[k], _mm256_set1_epi32(g0));
-        odd[c] = _mm256_dpbusd_epi32(odd[c], w[k + 1], _mm256_set1_epi32(g1));
-      }
-    }
-    const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
-    for (int c = 0; c < C; ++c) {
-      __m256i isum = _mm256_add_epi32(even[c], odd[c]);
-      if constexpr (T::kZeroShift >= 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(ys.zero[c][b]));
-      const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(ys.d[c][b]));
-      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
-    }
-    if constexpr (T::kOffset) {
-      const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
-      for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(ys.s[c][b]), O[c]);
-    }
-  });
-}
-
-// n_rows weight rows x C tokens through rows8t_kernel.
-template <typename T, int C>
-inline void rows8t(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                   const uint8_t* y, size_t y_stride) {
-  TokenScales<C> ys;
-  ys.template fill<T>(nb, y, y_stride);
-  for (int r = 0; r < n_rows; r += 8)
-    rows8t_kernel<T, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(8, n_rows - r), y, y_stride, ys);
-}
-
 // acc + the dot products of w's unsigned bytes with the 4 signed bytes at g, broadcast to every
 // lane: one vpdpbusd with an embedded broadcast (the compiler keeps a separate vpbroadcastd).
 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* g) {
@@ -373,10 +202,13 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* g) {
 }
 
 // Block b of 16 rows unpacked to unsigned bytes and transposed: w[k] holds group k (elements
-// 4k .. 4k + 3) of rows 0 .. 15, row r in lane r. The 4-bit types put the packed bytes of rows
-// i, i + 4, i + 8 and i + 12 in one vector, a row per 128-bit quarter, so that unpacks within
-// quarters leave the rows in order; Q8_0 transposes rows r and r + 8 side by side as
-// transpose_8x8_epi32 does, and one two-source permute per group puts the quarters in order.
+// 4k .. 4k + 3) of rows 0 .. 15, row r in lane r. Q4_0 and Q4_1 transpose their packed bytes
+// (packed 4-byte group j holds groups j and j + 4 in its low and high nibbles: half the
+// shuffles), rows i, i + 4, i + 8 and i + 12 in one vector, a row per 128-bit quarter, so that
+// unpacks within quarters leave the rows in order. The other types transpose their unpacked
+// bytes, rows r and r + 8 side by side: unpacks within quarters leave group k of rows 0 .. 3
+// (4 .. 7, 8 .. 11, 12 .. 15) in quarters of two vectors, and one two-source permute per group
+// puts the quarters in order.
 template <typename T>
 inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, __m512i w[8]) {
   using BX = typename T::BX;
@@ -399,7 +231,6 @@ inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, 
       w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low);
     }
   } else {
-    static_assert(std::is_same_v<BX, block_q8_0>, "unpack_transposed_16: Q4_0, Q4_1 or Q8_0");
     __m512i v[8], t[8], u[8];
     for (int r = 0; r < 8; ++r)
       v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(T::unpack_unsigned(xr[r][b])), T::unpack_unsigned(xr[r + 8][b]), 1);
@@ -422,9 +253,12 @@ inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, 
   }
 }
 
-// 16 weight rows x C tokens: rows8t_kernel's sums with 16 rows in the lanes of 512-bit vectors
-// (row r in lane r), so each instruction serves twice the rows; the 16 rows' f16 scales (and
-// Q4_1's offsets, which follow them) come in one 4-byte load per row.
+// 16 weight rows (rows past n_rows repeat the last one) x C tokens: the rows' unpacked quants
+// are transposed once per block, so that lane r of a vpdpbusd with a broadcast 4-byte group of
+// a token's activations accumulates row r, and after the block's 8 groups each lane holds its
+// row's exact block sum with no reduction across lanes. The tokens' sums are interleaved (and
+// split in two) so that the dependent chains of vpdpbusd overlap. The 16 rows' f16 scales (and
+// the offsets of Q4_1 and Q5_1, which follow them) come in one 4-byte load per row.
 template <typename T, int C>
 inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                            const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
@@ -484,39 +318,26 @@ inline void rows16t(int64_t nb, float* out, size_t out_stride, const uint8_t* x,
 }
 
 // The kernel table's gemm_tile: any rows x up to 8 tokens (decode and batched decode), through
-// rows16t_kernel or rows8t_kernel (rows of up to kMaxScaleBlocks blocks), quad_kernel (up to
-// kMaxQuadBlocks) or rows8_kernel, as below.
+// rows16t_kernel (rows of up to kMaxScaleBlocks blocks) or rows8_kernel.
 template <typename T>
 void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                size_t y_stride, int n_rows, int n_cols) {
   const int64_t nb = n / 32;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
-  using BX = typename T::BX;
-  // Measured on Zen 4 (2 threads, weights from memory): rows16t_kernel beats rows8t_kernel at
-  // every token count for Q4_0 and Q4_1 (whose transposition works on packed bytes: +20-60%)
-  // and for groups of 4 tokens of Q8_0 (+10%; at 1 and 2 tokens a tie). rows8t_kernel beats
-  // rows8_kernel and quad_kernel for groups of 4 tokens of Q5_0 (+18%); Q5_1 keeps quad_kernel
-  // (rows8t 17% slower there) and rows8_kernel, as Q5_0 does for 1-3 tokens.
-  constexpr bool nibbles = std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1>;
+  // Measured on Zen 4 (weights from memory at 2 threads, in cache at 1): rows16t_kernel beats or
+  // ties the 8-row kernels (rows8_kernel, and the 8-row transposing and 4 x 4 kernels it
+  // replaced) at every token count, by 20-60% for Q4_0 and Q4_1 and at 2 tokens for all types,
+  // except Q5_0 at one token, where reducing each row across lanes is 8% faster.
   int c0 = 0;
   auto tokens = [&](auto kernel, int C) {
     for (; c0 + C <= n_cols; c0 += C) kernel(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
   };
   if (nb <= kMaxScaleBlocks) {
-    if constexpr (nibbles) {
-      tokens(rows16t<T, 4>, 4);
-      tokens(rows16t<T, 2>, 2);
-      tokens(rows16t<T, 1>, 1);
-    } else if constexpr (std::is_same_v<BX, block_q8_0>) {
-      tokens(rows16t<T, 4>, 4);
-      tokens(rows8t<T, 2>, 2);
-      tokens(rows8t<T, 1>, 1);
-    } else if constexpr (!std::is_same_v<BX, block_q5_1>) {
-      tokens(rows8t<T, 4>, 4);
-    }
+    tokens(rows16t<T, 4>, 4);
+    tokens(rows16t<T, 2>, 2);
+    if constexpr (!std::is_same_v<typename T::BX, block_q5_0>) tokens(rows16t<T, 1>, 1);
   }
-  if (nb <= kMaxQuadBlocks) tokens(quad_rows<T>, 4);
   for (int r = 0; r < n_rows; r += 8) {
     const int rows = std::min(8, n_rows - r);
     float* o = out + r;
