@@ -76,11 +76,23 @@ def end_of_generation_ids(model: str) -> list[int]:
     return sorted(Tokenizer.from_gguf(open_gguf(resolve_model(model))).eog_ids)
 
 
+_client: httpx.Client | None = None
+
+
+def client() -> httpx.Client:
+    """One client for every request (thread-safe; its connections are kept alive): a fresh one
+    per request would spend the shared cores on building an SSL context and a connection."""
+    global _client
+    if _client is None:
+        _client = httpx.Client(timeout=600)
+    return _client
+
+
 def stream(url: str, prompt: str, n_tokens: int, banned: list[int], out: list, index: int) -> None:
     body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "logit_bias": {str(t): -100 for t in banned}}
     n_generated = 0
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
+    with client().stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             # only the usage chunk is parsed: the client shares the server's cores
