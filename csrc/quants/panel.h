@@ -46,7 +46,6 @@
 namespace ember {
 namespace EMBER_ISA_NS {
 
-
 // One block of a 16-token activation panel (see kernels.h: kPanelTokens, kPanelBlockBytes).
 struct PanelBlock {
   int8_t qs[8][kPanelTokens][4];  // chunk k: token t's elements 4k .. 4k + 3
@@ -109,50 +108,22 @@ inline __m256i sum_lanes_8x8(const __m256i p[8]) {
                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
 }
 
-// The 8 weight rows (rows past n_rows repeat the last one) and C activation rows of a kernel
-// with rows in lanes.
+// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens, each
+// row's per-block sums reduced across lanes.
 template <typename T, int C>
-struct Rows8 {
-  const typename T::BX* x[8];
-  const typename T::BY* y[C];
-  Rows8(const uint8_t* vx, size_t x_stride, int n_rows, const uint8_t* vy, size_t y_stride) {
-    for (int r = 0; r < 8; ++r) x[r] = reinterpret_cast<const typename T::BX*>(vx + std::min(r, n_rows - 1) * x_stride);
-    for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const typename T::BY*>(vy + c * y_stride);
-  }
-};
-
-// out[c][r] = S[c] + O[c] in lane r, for the first n_rows lanes.
-template <int C>
-inline void store_rows8(const __m256 S[C], const __m256 O[C], float* out, size_t out_stride, int n_rows) {
-  for (int c = 0; c < C; ++c) {
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
-    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
-  }
-}
-
-// The frame of rows8_kernel: for each block b (the rows two groups ahead prefetched), body(b,
-// xr, yc, S, O) adds the block's terms of the C tokens to S (scaled sums) and O (offset
-// terms); then each token's 8 sums S + O are stored.
-template <typename T, int C, typename Body>
-inline void rows8_frame(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                        const uint8_t* y, size_t y_stride, Body&& body) {
-  const Rows8<T, C> rows(x, x_stride, n_rows, y, y_stride);
+inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                         const uint8_t* y, size_t y_stride) {
+  using BX = typename T::BX;
+  using BY = typename T::BY;
+  const BX* xr[8];
+  for (int r = 0; r < 8; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
+  const BY* yc[C];
+  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
   for (int64_t b = 0; b < nb; ++b) {
     prefetch.at(x, b);
-    body(b, rows.x, rows.y, S, O);
-  }
-  store_rows8<C>(S, O, out, out_stride, n_rows);
-}
-
-// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens.
-template <typename T, int C>
-inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                         const uint8_t* y, size_t y_stride) {
-  rows8_frame<T, C>(nb, out, out_stride, x, x_stride, n_rows, y, y_stride, [&](int64_t b, auto xr, auto yc, __m256* S, __m256* O) {
     __m256i qx[8];
     for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
@@ -168,7 +139,12 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
       const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
       for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].s)), O[c]);
     }
-  });
+  }
+  for (int c = 0; c < C; ++c) {
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
+    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
+  }
 }
 
 // The activation scales of C tokens, block by block, for rows16t_kernel's broadcasts.
@@ -273,7 +249,7 @@ inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint
   const RowPrefetch prefetch(16, 32, x_stride, nb);  // the 16 rows after the next 16
   auto head = [&](int r, int64_t b) {
     int32_t v;
-    std::memcpy(&v, &xr[r][b], 4);  // d, then m (Q4_1) or the first quants
+    std::memcpy(&v, &xr[r][b], 4);  // d, then m (Q4_1, Q5_1) or the block's next 2 bytes
     return v;
   };
   for (int64_t b = 0; b < nb; ++b) {
