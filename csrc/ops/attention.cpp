@@ -20,8 +20,7 @@ namespace {
 
 // Query heads that share a KV head are computed together, so each F16 key and value row is
 // converted once for all of them; per head the sums run in the same order as for one head alone.
-constexpr int kMaxHeads = 4;
-  // heads per pass (accumulators in registers)
+constexpr int kMaxHeads = 4;  // heads per pass (accumulators in registers)
 
 constexpr int64_t kPrefetchAhead = 8;  // positions
 
@@ -132,9 +131,10 @@ inline float softmax_in_place(float* s, int64_t n, float scale, float softcap) {
   float max_score = -INFINITY, sum = 0.0f;
 #if defined(__AVX512F__)
   const __m512 vscale = _mm512_set1_ps(scale), vcap = _mm512_set1_ps(softcap), inv_cap = _mm512_set1_ps(1.0f / softcap);
+  auto lanes = [&](int64_t j) { return n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1); };
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    const __mmask16 m = lanes(j);
     __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), vscale);
     if (softcap > 0.0f) x = _mm512_mul_ps(vcap, tanh_approx16(_mm512_mul_ps(x, inv_cap)));
     _mm512_mask_storeu_ps(s + j, m, x);
@@ -144,7 +144,7 @@ inline float softmax_in_place(float* s, int64_t n, float scale, float softcap) {
   const __m512 vm = _mm512_set1_ps(max_score);
   __m512 vsum = _mm512_setzero_ps();
   for (j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    const __mmask16 m = lanes(j);
     const __m512 e = exp_approx16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vm));
     _mm512_mask_storeu_ps(s + j, m, e);
     vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
