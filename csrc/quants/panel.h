@@ -108,17 +108,25 @@ inline __m256i sum_lanes_8x8(const __m256i p[8]) {
                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
 }
 
+// The R weight rows (rows past n_rows repeat the last one) and C activation rows of a kernel
+// with rows in lanes.
+template <typename T, int R, int C>
+struct RowsAndTokens {
+  const typename T::BX* x[R];
+  const typename T::BY* y[C];
+  RowsAndTokens(const uint8_t* vx, size_t x_stride, int n_rows, const uint8_t* vy, size_t y_stride) {
+    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const typename T::BX*>(vx + std::min(r, n_rows - 1) * x_stride);
+    for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const typename T::BY*>(vy + c * y_stride);
+  }
+};
+
 // 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens, each
 // row's per-block sums reduced across lanes.
 template <typename T, int C>
 inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                          const uint8_t* y, size_t y_stride) {
-  using BX = typename T::BX;
-  using BY = typename T::BY;
-  const BX* xr[8];
-  for (int r = 0; r < 8; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
-  const BY* yc[C];
-  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  const RowsAndTokens<T, 8, C> rows(x, x_stride, n_rows, y, y_stride);
+  const auto &xr = rows.x, &yc = rows.y;
   __m256 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
@@ -238,12 +246,8 @@ inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, 
 template <typename T, int C>
 inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                            const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
-  using BX = typename T::BX;
-  using BY = typename T::BY;
-  const BX* xr[16];
-  for (int r = 0; r < 16; ++r) xr[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
-  const BY* yc[C];
-  for (int c = 0; c < C; ++c) yc[c] = reinterpret_cast<const BY*>(y + c * y_stride);
+  const RowsAndTokens<T, 16, C> rows(x, x_stride, n_rows, y, y_stride);
+  const auto &xr = rows.x, &yc = rows.y;
   __m512 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm512_setzero_ps();
   const RowPrefetch prefetch(16, 32, x_stride, nb);  // the 16 rows after the next 16
