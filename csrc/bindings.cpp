@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/alloc_counter.h"
+#include "core/amx_tiles.h"
 #include "core/graph.h"
 #include "cpu_features.h"
 #include "text/bpe.h"
@@ -409,7 +410,27 @@ nb::dict cpu_flags() {
   d["amx_int8"] = f.amx_int8;
   d["amx_bf16"] = f.amx_bf16;
   d["amx_granted"] = f.amx_granted;
+  d["amx_emulated"] = f.amx_emulated;
   return d;
+}
+
+// C + A . B through the AMX tiles (native, or emulated under EMBER_EMULATE_AMX=1), for tests:
+// a (M, 4K) and b (K, 4N) bytes, c (M, N) int32, each byte signed or not as a_sign / b_sign say.
+nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> tile_dot_product_checked(char a_sign, char b_sign, ByteRows a, ByteRows b,
+                                                                    nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> c) {
+  const std::vector<std::string> isas = available_isas();
+  if (std::find(isas.begin(), isas.end(), "amx") == isas.end())
+    throw std::runtime_error("this CPU (or OS) gives no AMX tiles, and the AMX emulator is not enabled (EMBER_EMULATE_AMX=1 enables it)");
+  const int M = static_cast<int>(a.shape(0)), K = static_cast<int>(b.shape(0)), N = static_cast<int>(c.shape(1));
+  if ((a_sign != 's' && a_sign != 'u') || (b_sign != 's' && b_sign != 'u'))
+    throw std::invalid_argument("a_sign and b_sign are 's' or 'u'");
+  if (a.shape(1) != 4 * b.shape(0) || b.shape(1) != 4 * c.shape(1) || c.shape(0) != a.shape(0))
+    throw std::invalid_argument("shapes must be a (M, 4K), b (K, 4N), c (M, N)");
+  int32_t* out = new int32_t[static_cast<size_t>(M) * N];
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  std::memcpy(out, c.data(), sizeof(int32_t) * M * N);
+  tile_dot_product(a_sign, b_sign, M, K, N, a.data(), b.data(), out);
+  return nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>(out, {static_cast<size_t>(M), static_cast<size_t>(N)}, owner);
 }
 
 std::vector<std::string> types_with_kernels() {
@@ -507,6 +528,7 @@ NB_MODULE(_core, m) {
   m.def("available_isas", &available_isas);
   m.def("isa", [] { return std::string(active_kernels().isa); });
   m.def("set_isa", &set_active_isa, "isa"_a);
+  m.def("tile_dot_product", &tile_dot_product_checked, "a_sign"_a, "b_sign"_a, "a"_a, "b"_a, "c"_a);
   m.def("types_with_kernels", &types_with_kernels);
   m.def("allocations_during_run", &allocations_during_run);
 }

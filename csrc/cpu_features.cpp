@@ -1,5 +1,7 @@
 #include "cpu_features.h"
 
+#include "core/amx_emulator.h"
+
 #include <cpuid.h>
 #include <cstdlib>
 #include <stdexcept>
@@ -54,14 +56,18 @@ CpuFeatures detect() {
   f.avx_vnni = os_avx && (a & (1u << 4));
   f.avx512bf16 = f.avx512f && (a & (1u << 5));
   if (f.amx_tile && f.amx_int8) f.amx_granted = request_amx_permission();
+  const char* emulate = std::getenv("EMBER_EMULATE_AMX");
+  if (!f.amx_granted && emulate && std::string(emulate) == "1") f.amx_emulated = install_amx_emulator();
   return f;
 }
 
 bool supports(const std::string& isa, const CpuFeatures& f) {
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2;
-  if (isa == "avx512") return f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
-  return false;  // "amx": no AMX kernels are built yet
+  const bool avx512 = f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
+  if (isa == "avx512") return avx512;
+  if (isa == "amx") return avx512 && ((f.amx_tile && f.amx_int8 && f.amx_granted) || f.amx_emulated);
+  return false;
 }
 
 KernelTable make_table(void (*fill)(KernelTable&)) {
@@ -74,15 +80,19 @@ const KernelTable& table_for(const std::string& isa) {
   static const KernelTable scalar_table = make_table(scalar::register_kernels);
   static const KernelTable avx2_table = make_table(avx2::register_kernels);
   static const KernelTable avx512_table = make_table(avx512::register_kernels);
+  static const KernelTable amx_table = make_table(amx::register_kernels);
   if (isa == "avx2") return avx2_table;
   if (isa == "avx512") return avx512_table;
+  if (isa == "amx") return amx_table;
   return scalar_table;
 }
 
 std::string default_isa() {
   const char* forced = std::getenv("EMBER_ISA");
   if (forced && *forced) return forced;
-  return available_isas().back();
+  std::vector<std::string> isas = available_isas();
+  if (cpu_features().amx_emulated && isas.back() == "amx") isas.pop_back();  // emulated: for tests only
+  return isas.back();
 }
 
 const KernelTable* g_active = nullptr;
@@ -104,7 +114,6 @@ std::vector<std::string> available_isas() {
 void set_active_isa(const std::string& isa) {
   if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "amx")
     throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avx512 or amx)");
-  if (isa == "amx") throw std::invalid_argument("ISA 'amx': this build of ember has no AMX kernels yet");
   if (!supports(isa, cpu_features()))
     throw std::invalid_argument("this CPU (or OS) does not support ISA '" + isa + "'");
   g_active = &table_for(isa);

@@ -14,12 +14,14 @@ struct CpuFeatures {
   bool avx_vnni = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
   bool amx_granted = false;  // the OS allowed this process to use the AMX tile state
+  bool amx_emulated = false;  // no AMX here; EMBER_EMULATE_AMX=1 runs the tiles in the emulator
 };
 
 const CpuFeatures& cpu_features();
-// ISAs this CPU can run, best last (always starts with "scalar").
+// ISAs this CPU can run, best last (always starts with "scalar"); "amx" also when emulated.
 std::vector<std::string> available_isas();
-// The table in use for new graphs. Initially the best available, or EMBER_ISA when set.
+// The table in use for new graphs. Initially the best available that is not emulated, or
+// EMBER_ISA when set.
 const KernelTable& active_kernels();
 // Selects the table for new graphs; throws std::invalid_argument for an unknown or unsupported ISA.
 void set_active_isa(const std::string& isa);

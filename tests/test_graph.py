@@ -466,10 +466,12 @@ def test_ops_on_the_batch_rows_reject_other_rows():
 
 # -- ISA selection -----------------------------------------------------------------------------
 
-def python_with(env_isa, code):
+def python_with(env_isa, code, emulate_amx=True):
     # The child imports ember from where this process did (the source tree or site-packages).
     ember_root = str(Path(ember.__file__).resolve().parents[1])
     env = dict(os.environ, EMBER_ISA=env_isa, PYTHONPATH=ember_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if not emulate_amx:
+        env.pop("EMBER_EMULATE_AMX", None)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -491,6 +493,42 @@ def test_ember_isa_this_cpu_lacks_is_a_clear_error():
     result = python_with("avx512", "from ember import _core; _core.isa()")
     assert result.returncode == 1
     assert "ValueError: EMBER_ISA: this CPU (or OS) does not support ISA 'avx512'" in result.stderr
+
+
+AMX_NATIVE = _core.cpu_flags()["amx_granted"]
+
+
+@pytest.mark.skipif(AMX_NATIVE, reason="this CPU and OS give the process AMX tiles")
+def test_ember_isa_amx_without_amx_is_a_clear_error():
+    result = python_with("amx", "from ember import _core; _core.isa()", emulate_amx=False)
+    assert result.returncode == 1
+    assert "ValueError: EMBER_ISA: this CPU (or OS) does not support ISA 'amx'" in result.stderr
+
+
+@pytest.mark.skipif("amx" not in ISAS or AMX_NATIVE, reason="the AMX emulator is not in use")
+def test_emulated_amx_is_never_the_default():
+    result = python_with("", "from ember import _core; print(_core.isa(), 'amx' in _core.available_isas())")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["avx512", "True"]
+
+
+@pytest.mark.skipif("amx" not in ISAS or AMX_NATIVE, reason="the AMX emulator is not in use")
+def test_the_amx_emulator_passes_other_illegal_instructions_on():
+    """ud2 under the emulator's SIGILL handler still kills the process with SIGILL (after
+    Python's fault handler, which was there first, reports it)."""
+    code = """if True:
+        import ctypes, faulthandler, mmap
+        faulthandler.enable()
+        from ember import _core
+        assert _core.cpu_flags()["amx_emulated"]
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(bytes([0x0F, 0x0B]))  # ud2
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        ctypes.CFUNCTYPE(None)(address)()
+    """
+    result = python_with("", code)
+    assert result.returncode == -4, (result.returncode, result.stderr)
+    assert "Fatal Python error: Illegal instruction" in result.stderr
 
 
 def test_available_isas_start_with_scalar_and_include_the_default():

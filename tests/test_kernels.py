@@ -156,9 +156,10 @@ def test_vec_dot_matches_dequantized_dot(isa, t, n):
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
-@pytest.mark.parametrize("n_tokens", [1, 7, 33])
+@pytest.mark.parametrize("n_tokens", [1, 7, 33, 70])
 def test_matmul_matches_numpy(isa, t, n_tokens):
-    """Odd shapes: 1 token, 33 tokens, 37 weight rows (not a multiple of the tile)."""
+    """Odd shapes: 1 token, 33 tokens, 37 weight rows (not a multiple of the tile); 70 tokens:
+    5 panels of 16, more than the AMX kernel multiplies with one unpacked weight block."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
     n_in, n_out = 512, 37
@@ -168,7 +169,7 @@ def test_matmul_matches_numpy(isa, t, n_tokens):
     w = g.weight(int(t), n_in, n_out, w_raw.reshape(-1))
     y = g.matmul(w, g.input(n_in))
     g.set_output(y)
-    g.plan(64, 64, 64)
+    g.plan(80, 80, 80)
     ids = np.arange(n_tokens, dtype=np.int32)
     out = g.run(np.zeros(n_tokens, np.int32), ids, np.zeros(n_tokens, np.int32), ids, [x])
     assert_matches_numpy(out, t, w_raw, x)
@@ -243,3 +244,20 @@ def test_get_rows_dequantizes_the_selected_rows(isa, t):
     out = g.run(tokens, np.arange(4, dtype=np.int32), np.zeros(4, np.int32), np.arange(4, dtype=np.int32))
     table = dequantize(raw.reshape(-1), t, (n_cols, n_rows))
     np.testing.assert_allclose(out, table[tokens], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif("amx" not in ISAS, reason="no AMX tiles here, native or emulated")
+@pytest.mark.parametrize("signs", ["ss", "su", "us", "uu"])
+@pytest.mark.parametrize("M, K, N", [(16, 16, 16), (16, 8, 16), (3, 5, 7), (1, 1, 1)])
+def test_amx_tile_dot_products_match_numpy(signs, M, K, N):
+    """ldtilecfg with these shapes, tile loads and stores at their strides, and each tdpb*d:
+    C + A . B in groups of 4 bytes, A (M, 4K) and B (K, 4N) signed or unsigned as named. The
+    same test checks the CPU's tiles on an AMX machine and the emulator elsewhere."""
+    rng = np.random.default_rng(M * 256 + K * 16 + N)
+    a = rng.integers(0, 256, (M, 4 * K), dtype=np.uint8)
+    b = rng.integers(0, 256, (K, 4 * N), dtype=np.uint8)
+    c = rng.integers(-2**31, 2**31, (M, N), dtype=np.int64).astype(np.int32)
+    as_int = lambda v, s: (v.view(np.int8) if s == "s" else v).astype(np.int64)
+    products = np.einsum("mki,kni->mn", as_int(a, signs[0]).reshape(M, K, 4), as_int(b, signs[1]).reshape(K, N, 4))
+    expected = ((c.astype(np.int64) + products + 2**31) % 2**32 - 2**31).astype(np.int32)  # int32 wrap-around
+    assert np.array_equal(_core.tile_dot_product(signs[0], signs[1], a, b, c), expected)

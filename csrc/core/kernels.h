@@ -1,5 +1,5 @@
 // The kernel table: everything that is compiled once per instruction set. Each ISA variant
-// (namespaces ember::scalar, ember::avx2, ember::avx512) fills one table;
+// (namespaces ember::scalar, ember::avx2, ember::avx512, ember::amx) fills one table;
 // cpu_features.cpp chooses which one the graph uses.
 #pragma once
 #include <cstddef>
@@ -33,7 +33,8 @@ constexpr size_t kPanelBlockBytes = 8 * kPanelTokens * 4 + 3 * kPanelTokens * 4;
 constexpr size_t panel_bytes(int64_t n) { return static_cast<size_t>(n / 32) * kPanelBlockBytes; }
 // Packs n_cols <= kPanelTokens activation rows (the vec_dot_type) of n elements into one panel.
 using PackPanelFn = void (*)(int64_t n, const void* y, size_t y_stride, int n_cols, void* panel);
-// out[c * out_stride + r] = dot(x row r, token c of the panel) for r < n_rows, c < n_cols.
+// out[c * out_stride + r] = dot(x row r, token c) for r < n_rows, c < n_cols: token c is token
+// c % kPanelTokens of panel c / kPanelTokens, the panels panel_bytes(n) apart.
 using GemmPanelFn = void (*)(int64_t n, float* out, size_t out_stride, const void* x, size_t x_stride,
                              const void* panel, int n_rows, int n_cols);
 
@@ -81,6 +82,7 @@ struct KernelTable {
 EMBER_DECLARE_ISA(scalar)
 EMBER_DECLARE_ISA(avx2)
 EMBER_DECLARE_ISA(avx512)
+EMBER_DECLARE_ISA(amx)
 #undef EMBER_DECLARE_ISA
 
 }  // namespace ember

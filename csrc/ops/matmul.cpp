@@ -2,9 +2,9 @@
 // row by row, to the weight type's vec_dot_type (an 8-bit block format for quantized weights),
 // then each thread computes a contiguous range of weight rows for all tokens, in tiles of
 // kRowTile weight rows x kColTile tokens so each weight block is reused while it is in cache.
-// With kPanelMinTokens tokens or more, types that have a panel kernel (AVX-512) get their
-// activations repacked into panels of kPanelTokens tokens once per call, and each tile of
-// weight rows is multiplied with every panel while it is in cache.
+// With kPanelMinTokens tokens or more, types that have a panel kernel (AVX-512, and AMX tiles
+// in the amx table) get their activations repacked into panels of kPanelTokens tokens once per
+// call, and each tile of weight rows is multiplied with every panel while it is in cache.
 #include "ops/common.h"
 
 namespace ember {
@@ -58,9 +58,7 @@ void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint
   const Range rows = row_tiles(N, ith, nth);
   for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowTile) {
     const int n_rows = static_cast<int>(std::min(kRowTile, rows.end - r0));
-    for (int64_t p = 0; p < n_panels; ++p)
-      tk.gemm_panel(K, out + p * kPanelTokens * out_stride + r0, out_stride, weights + r0 * w.row_stride, w.row_stride,
-                    panels + p * bytes, n_rows, tokens_of(p));
+    tk.gemm_panel(K, out + r0, out_stride, weights + r0 * w.row_stride, w.row_stride, panels, n_rows, static_cast<int>(M));
   }
 }
 

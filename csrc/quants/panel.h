@@ -387,27 +387,46 @@ inline void panel_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   }
 }
 
-// The kernel table's gemm_panel: n_rows weight rows x the panel's n_cols tokens.
+// The kernel table's gemm_panel: n_rows weight rows x n_cols tokens, in consecutive panels; the
+// rows (16 at most in a matmul's call) stay in cache from one panel to the next.
 template <typename T>
-void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panel,
+void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
                 int n_rows, int n_cols) {
   const int64_t nb = n / 32;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
-  const PanelBlock* p = static_cast<const PanelBlock*>(panel);
-  int r = 0;
-  for (; r + 8 <= n_rows; r += 8) panel_kernel<T, 8>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
-  for (; r + 4 <= n_rows; r += 4) panel_kernel<T, 4>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
-  for (; r < n_rows; ++r) panel_kernel<T, 1>(nb, out + r, out_stride, x + r * x_stride, x_stride, p, n_cols);
+  for (int c0 = 0; c0 < n_cols; c0 += kPanelTokens) {
+    const PanelBlock* p = reinterpret_cast<const PanelBlock*>(static_cast<const uint8_t*>(panels) + c0 / kPanelTokens * panel_bytes(n));
+    const int cols = std::min(kPanelTokens, n_cols - c0);
+    float* o = out + c0 * out_stride;
+    int r = 0;
+    for (; r + 8 <= n_rows; r += 8) panel_kernel<T, 8>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    for (; r + 4 <= n_rows; r += 4) panel_kernel<T, 4>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    for (; r < n_rows; ++r) panel_kernel<T, 1>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+  }
 }
 
-// Points a weight type's kernels at the AVX-512 ones.
+#if defined(EMBER_ISA_amx)
+template <typename T>
+void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
+                    int n_rows, int n_cols);  // quants/amx_panel.h
+#endif
+
+// Points a weight type's kernels at the AVX-512 ones (and, in the amx table, its panels at the
+// AMX tiles).
 template <typename T>
 void use_avx512_kernels(TypeKernels& k) {
   k.vec_dot = vec_dot_rows<T>;
   k.gemm_tile = gemm_rows<T>;
+#if defined(EMBER_ISA_amx)
+  k.gemm_panel = gemm_panel_amx<T>;
+#else
   k.gemm_panel = gemm_panel<T>;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS
 }  // namespace ember
+#if defined(EMBER_ISA_amx)
+#include "quants/amx_panel.h"
+#endif
 #endif
