@@ -202,10 +202,11 @@ def run_matmul(g, x):
 def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t):
     """The tiled kernels (and, with AVX-512, the 16-token panels of prompt processing) must sum
     in the same order as the one-token path: the server's batched decode is only equal to single
-    decoding if they do. 37 tokens: two full panels, a partial one, and small batches of each."""
+    decoding if they do. 37 tokens: two full panels, a partial one, and small batches of each;
+    rows of 2560 weights: 10 K-quant super-blocks, more than the 8 partial sums of their order."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
-    n_in, n_out = 768, 37
+    n_in, n_out = 2560, 37
     g = matmul_graph(t, random_rows(t, n_out, n_in, seed=8), n_in, n_out)
     x = np.random.default_rng(9).standard_normal((37, n_in)).astype(np.float32)
     alone = np.concatenate([run_matmul(g, x[i:i + 1]) for i in range(len(x))])

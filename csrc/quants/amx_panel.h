@@ -1,5 +1,5 @@
 // AMX int8 tiles for prompt processing (the amx kernel table): the panel kernels' products,
-// 16 weight rows x 16 tokens x one block of 32 per tile instruction.
+// 16 weight rows x 16 tokens x one block (or K-quant sub-block) per tile instruction.
 //
 // A block of a 16-token panel (panel.h) is already the layout AMX wants for its second operand:
 // B holds K/4 rows of N 4-byte groups, and chunk k of a panel block holds group k of each
@@ -24,9 +24,24 @@
 #include "core/amx_tiles.h"
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/k_panel.h"
+#include "quants/panel.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
+
+// Pointers to 16 weight rows; rows past n_rows repeat the last one (their sums are dropped).
+template <typename BX>
+struct SixteenRows {
+  const BX* row[16];
+  const BX* operator[](int r) const { return row[r]; }
+};
+template <typename BX>
+inline SixteenRows<BX> sixteen_rows(const uint8_t* x, size_t x_stride, int n_rows) {
+  SixteenRows<BX> rows;
+  for (int r = 0; r < 16; ++r) rows.row[r] = reinterpret_cast<const BX*>(x + std::min(r, n_rows - 1) * x_stride);
+  return rows;
+}
 
 // The integer sums of the weight block in tile 0 with one panel block: its activations into tile
 // B, the products into tile C (zeroed first); stored by the caller once it has started the next.
@@ -78,8 +93,7 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
   };
   for (int r0 = 0; r0 < n_rows; r0 += 16) {
     const int rows = std::min(16, n_rows - r0);
-    const BX* xr[16];  // rows past n_rows repeat the last one; their sums are dropped
-    for (int r = 0; r < 16; ++r) xr[r] = reinterpret_cast<const BX*>(x + (r0 + std::min(r, rows - 1)) * x_stride);
+    const auto xr = sixteen_rows<BX>(x + r0 * x_stride, x_stride, rows);
     for (int p0 = 0; p0 < n_panels; p0 += kGroup) {
       const int group = std::min(kGroup, n_panels - p0);
       std::memset(S, 0, sizeof S);
@@ -111,6 +125,87 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
           _mm512_store_ps(sums, _mm512_add_ps(_mm512_load_ps(S[p][r]), _mm512_load_ps(O[p][r])));
           for (int t = 0; t < tokens; ++t) out[(token0 + t) * out_stride + r0 + r] = sums[t];
         }
+      }
+    }
+  }
+  tile_release();
+}
+
+// The K-quants (k_panel.h) on the tiles: sub-block j of 16 rows' unpacked quants (UnpackedK,
+// loaded in place at its stride) times the same sub-block of a K panel (kSub / 4 chunks of 16
+// tokens), one tdpbusd per sub-block and panel; then the integer sums go through k_panel.h's
+// add_sub_block and add_super_block, in the KSums order. Two sub-blocks at a time: tiles 0 and 5
+// hold their quants, 1 and 3 the panel's, 2 and 4 the sums.
+template <int A, int B, int C>
+inline void start_sub_block_sums(const void* quants, size_t quant_stride, const PanelKBlock& pb, int chunk) {
+  tile_load<A>(quants, quant_stride);
+  tile_load<B>(pb.qs[chunk], 4 * kPanelTokens);
+  tile_zero<C>();
+  tile_dpbusd<C, A, B>();
+}
+
+template <typename T>
+void gemm_panel_k_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vpanels,
+                      int n_rows, int n_cols) {
+  using BX = typename T::BX;
+  constexpr int kGroup = 2, kChunks = T::kSub / 4;  // 2 panels: their partial sums fill 32 KiB
+  const int64_t nb = n / QK_K;
+  const size_t bytes = panel_bytes(n);
+  const int n_panels = (n_cols + kPanelTokens - 1) / kPanelTokens;
+  const uint8_t* x = static_cast<const uint8_t*>(vx);
+  auto panel = [&](int p) { return reinterpret_cast<const PanelKBlock*>(static_cast<const uint8_t*>(vpanels) + p * bytes); };
+
+  TileConfig cfg;
+  cfg.set(0, 16, T::kSub).set(5, 16, T::kSub);
+  cfg.set(1, kChunks, 4 * kPanelTokens).set(3, kChunks, 4 * kPanelTokens);
+  cfg.set(2, 16, 4 * kPanelTokens).set(4, 16, 4 * kPanelTokens);
+  tile_load_config(cfg);
+  UnpackedK<T> w[16];
+  alignas(64) int32_t c[2][16][kPanelTokens];
+  alignas(64) int32_t scaled[kGroup][16][kPanelTokens], mins[kGroup][16][kPanelTokens];
+  PanelPartials partials[kGroup][16];
+  // The sums in c of sub-block j with panel p, into its rows' scaled and mins sums.
+  auto accumulate = [&](int p, int j, const PanelKBlock& pb, const int32_t (&sums)[16][kPanelTokens]) {
+    const __m512i ysum = sub_block_sums<T>(pb, j);
+    for (int r = 0; r < 16; ++r) {
+      __m512i sc = _mm512_load_si512(scaled[p][r]), mn = _mm512_load_si512(mins[p][r]);
+      add_sub_block<T>(_mm512_load_si512(sums[r]), ysum, w[r].sc[j], w[r].mn[j], sc, mn);
+      _mm512_store_si512(scaled[p][r], sc);
+      _mm512_store_si512(mins[p][r], mn);
+    }
+  };
+  for (int r0 = 0; r0 < n_rows; r0 += 16) {
+    const int rows = std::min(16, n_rows - r0);
+    const auto xr = sixteen_rows<BX>(x + r0 * x_stride, x_stride, rows);
+    for (int p0 = 0; p0 < n_panels; p0 += kGroup) {
+      const int group = std::min(kGroup, n_panels - p0);
+      for (auto& panel_partials : partials)
+        for (PanelPartials& p : panel_partials) p.clear();
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int r = 0; r < 16; ++r) w[r].set(xr[r][b]);
+        std::memset(scaled, 0, sizeof scaled);
+        std::memset(mins, 0, sizeof mins);
+        for (int j = 0; j < QK_K / T::kSub; j += 2) {
+          for (int p = 0; p < group; ++p) {
+            const PanelKBlock& pb = panel(p0 + p)[b];
+            start_sub_block_sums<0, 1, 2>(w[0].q + j * kChunks, sizeof(UnpackedK<T>), pb, j * kChunks);
+            start_sub_block_sums<5, 3, 4>(w[0].q + (j + 1) * kChunks, sizeof(UnpackedK<T>), pb, (j + 1) * kChunks);
+            tile_store<2>(c[0], 4 * kPanelTokens);
+            accumulate(p, j, pb, c[0]);
+            tile_store<4>(c[1], 4 * kPanelTokens);
+            accumulate(p, j + 1, pb, c[1]);
+          }
+        }
+        for (int p = 0; p < group; ++p) {
+          const __m512 dy = _mm512_load_ps(panel(p0 + p)[b].d);
+          for (int r = 0; r < 16; ++r)
+            add_super_block<T>(_mm512_load_si512(scaled[p][r]), _mm512_load_si512(mins[p][r]), dy, w[r].d, w[r].dmin,
+                               partials[p][r], b);
+        }
+      }
+      for (int p = 0; p < group; ++p) {
+        const int token0 = (p0 + p) * kPanelTokens, tokens = std::min(kPanelTokens, n_cols - token0);
+        for (int r = 0; r < rows; ++r) partials[p][r].store(out + token0 * out_stride + r0 + r, out_stride, tokens);
       }
     }
   }

@@ -40,6 +40,15 @@ inline uint64_t scale_bytes(const ScalesMins& sm) { return (sm.first & 0xFFFFFFF
 inline uint64_t min_bytes(const ScalesMins& sm) { return (sm.first >> 32) | (sm.second & 0xFFFFFFFF00000000ULL); }
 
 // The same as two arrays of 8.
+inline void unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE], uint8_t scales[8], uint8_t mins[8]);
+
+// The same as int32 (Q4_K and Q5_K's kernels with tokens in lanes).
+inline void scales_and_mins_32(const uint8_t packed[K_SCALE_SIZE], int32_t scales[16], int32_t mins[16]) {
+  uint8_t s[8], m[8];
+  unpack_scales_mins(packed, s, m);
+  for (int j = 0; j < 8; ++j) scales[j] = s[j], mins[j] = m[j];
+}
+
 inline void unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE], uint8_t scales[8], uint8_t mins[8]) {
   const ScalesMins sm = unpack_scales_mins(packed);
   const uint64_t sb = scale_bytes(sm), mb = min_bytes(sm);

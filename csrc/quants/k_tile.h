@@ -1,28 +1,37 @@
-// Several activation rows against one weight row, for the 256-element K-quant formats (AVX2 and
-// up): each super-block's quants and scales are unpacked once (the costly part of these formats)
-// and dotted with up to kCols activation blocks. A type plugs in through a Traits struct:
-//   BX, BY                       weight and activation (Q8_K) block types
-//   Acc                          one (row, token) pair's running sums; init() starts them
-//   dot<C>(const BX&, const BY* const y[C], b, Acc acc[C])   adds super-block b of each y
-//   finish(const Acc&) -> float
-// vec_dot is the one-column case, and the sums of one (row, token) pair are the same for any C,
-// so a batch gives the same bits as single rows.
+// The K-quant kernels (AVX2 and up) for up to a few activation rows: each super-block's quants
+// and scales are unpacked once (the costly part of these formats) and dotted with up to C
+// activation blocks. A type plugs in through a Traits struct:
+//   BX, BY          weight and activation (Q8_K) block types
+//   kMins           whether the type has mins (value = d scale q - dmin min)
+//   sums<C>(const BX&, const BY* const y[C], b, __m256i sum[C], __m256i mins[C])
+//                   super-block b's integer sums with each y, as 8 int32 lanes whose totals are
+//                   scaled_b and mins_b below (mins untouched without kMins)
+//   d(const BX&), dmin(const BX&)
+// (and for the kernels with tokens in lanes, k_panel.h's members).
+//
+// Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
+// two exact integer sums,
+//   scaled_b = sum_j scale_j sum_i (q_i - z) qy_i     (z: the type's zero point, if any)
+//   mins_b   = sum_j min_j sum_i qy_i                  (the types with mins)
+// go into partial sums by b mod 8, in order of b:
+//   S[b % 8] = fma(float(scaled_b), dy_b d_b, S[b % 8]),  M[b % 8] = fma(float(mins_b), dy_b dmin_b, M[b % 8])
+// and the result is D = S - M (lane by lane) summed as ((D0 + D4) + (D2 + D6)) + ((D1 + D5) + (D3 + D7))
+// (hsum_f32_8's order). One row's decode kernel (k_tile_cols) keeps the 8 partials in the lanes
+// of a vector and reduces 8 super-blocks' integer lanes at once; the prompt kernels with tokens
+// in lanes (k_panel.h) keep them in memory. So a token gets the same bits alone, in a batch or in
+// a prompt.
 #pragma once
 #if defined(__AVX2__)
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "core/types.h"
 #include "quants/simd.h"
+#include "quants/tile.h"
 
 namespace ember {
-
-// Traits whose running sums are 8 float lanes, summed at the end.
-struct LaneSums {
-  using Acc = __m256;
-  static Acc init() { return _mm256_setzero_ps(); }
-  static float finish(const Acc& acc) { return hsum_f32_8(acc); }
-};
 
 // sum[c] += maddubs(q, the 32 activations at `offset` in block b of y[c]) * scale (int16 pairs).
 template <int C>
@@ -34,25 +43,68 @@ inline void add_scaled_dots(__m256i sum[C], __m256i q, __m256i scale, const bloc
   }
 }
 
-// acc[c] += dy_c xd sum[c], in float.
-template <int C>
-inline void add_block_sums(__m256 acc[C], const __m256i sum[C], float xd, const block_q8_K* const y[C], int64_t b) {
-  for (int c = 0; c < C; ++c)
-    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * xd), _mm256_cvtepi32_ps(sum[c]), acc[c]);
+// The 8 partial sums of the K-quant order, combined: ((D0 + D4) + (D2 + D6)) + ((D1 + D5) + (D3 + D7)).
+template <typename V>
+inline V combine_partials(const V d[8]) {
+  return ((d[0] + d[4]) + (d[2] + d[6])) + ((d[1] + d[5]) + (d[3] + d[7]));
 }
 
+// The floats f(0) .. f(n - 1), n < 8, as 8 lanes (the rest 0).
+template <typename F>
+inline __m256 tail_scales(F&& f, int n) {
+  alignas(32) float v[8] = {};
+  for (int i = 0; i < n; ++i) v[i] = f(i);
+  return _mm256_load_ps(v);
+}
+
+// 1 weight row x C tokens: the integer lanes of 8 super-blocks at a time reduced together
+// (lane i: super-block b0 + i), then one FMA per token for the 8.
 template <typename T, int C>
 inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, const uint8_t* y,
                         size_t y_stride) {
   const typename T::BX* xb = reinterpret_cast<const typename T::BX*>(x);
   const typename T::BY* yc[C];
-  typename T::Acc acc[C];
+  __m256 S[C], M[C];
   for (int c = 0; c < C; ++c) {
     yc[c] = reinterpret_cast<const typename T::BY*>(y + c * y_stride);
-    acc[c] = T::init();
+    S[c] = M[c] = _mm256_setzero_ps();
   }
-  for (int64_t b = 0; b < nb; ++b) T::template dot<C>(xb[b], yc, b, acc);
-  for (int c = 0; c < C; ++c) out[c * out_stride] = T::finish(acc[c]);
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
+    // Pairs of super-blocks' lanes added pairwise as they come (the first step of sum_lanes_8x8),
+    // so that 4 vectors per token stay live instead of 8.
+    __m256i sum[C][4], mins[C][4];
+    for (int i = 0; i < 8; i += 2) {
+      __m256i s[2][C], m[2][C];
+      for (int k = 0; k < 2; ++k) {
+        if (i + k < n) {
+          T::template sums<C>(xb[b0 + i + k], yc, b0 + i + k, s[k], m[k]);
+        } else {
+          for (int c = 0; c < C; ++c) s[k][c] = m[k][c] = _mm256_setzero_si256();
+        }
+      }
+      for (int c = 0; c < C; ++c) {
+        sum[c][i / 2] = _mm256_hadd_epi32(s[0][c], s[1][c]);
+        if constexpr (T::kMins) mins[c][i / 2] = _mm256_hadd_epi32(m[0][c], m[1][c]);
+      }
+    }
+    const __m256 d = f16x8([&](int i) { return xb[b0 + i].d; }, n);
+    __m256 dmin = _mm256_setzero_ps();
+    if constexpr (T::kMins) dmin = f16x8([&](int i) { return xb[b0 + i].dmin; }, n);
+    for (int c = 0; c < C; ++c) {
+      // Lane by lane (a store-and-reload of the 8 floats would stall on store forwarding).
+      const auto* yb = yc[c] + b0;
+      const __m256 vdy = n == 8 ? _mm256_setr_ps(yb[0].d, yb[1].d, yb[2].d, yb[3].d, yb[4].d, yb[5].d, yb[6].d, yb[7].d)
+                                : tail_scales([&](int i) { return yb[i].d; }, n);
+      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes_4x8(sum[c])), _mm256_mul_ps(vdy, d), S[c]);
+      if constexpr (T::kMins) M[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes_4x8(mins[c])), _mm256_mul_ps(vdy, dmin), M[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    alignas(32) float D[8];
+    _mm256_store_ps(D, _mm256_sub_ps(S[c], M[c]));
+    out[c * out_stride] = combine_partials(D);
+  }
 }
 
 template <typename T>

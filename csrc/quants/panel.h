@@ -99,15 +99,6 @@ void pack_panel(int64_t n, const void* vy, size_t y_stride, int n_cols, void* vp
   }
 }
 
-// The 8 lanes of each of 8 vectors summed: lane r of the result is the sum of p[r].
-inline __m256i sum_lanes_8x8(const __m256i p[8]) {
-  const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-  const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
 // The R weight rows (rows past n_rows repeat the last one) and C activation rows of a kernel
 // with rows in lanes.
 template <typename T, int R, int C>
@@ -394,15 +385,14 @@ void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t
                 int n_rows, int n_cols) {
   const int64_t nb = n / 32;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
-  for (int c0 = 0; c0 < n_cols; c0 += kPanelTokens) {
-    const PanelBlock* p = reinterpret_cast<const PanelBlock*>(static_cast<const uint8_t*>(panels) + c0 / kPanelTokens * panel_bytes(n));
-    const int cols = std::min(kPanelTokens, n_cols - c0);
+  for_each_panel(n, panels, n_cols, [&](const uint8_t* panel, int c0, int cols) {
+    const PanelBlock* p = reinterpret_cast<const PanelBlock*>(panel);
     float* o = out + c0 * out_stride;
     int r = 0;
     for (; r + 8 <= n_rows; r += 8) panel_kernel<T, 8>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
     for (; r + 4 <= n_rows; r += 4) panel_kernel<T, 4>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
     for (; r < n_rows; ++r) panel_kernel<T, 1>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
-  }
+  });
 }
 
 #if defined(EMBER_ISA_amx)

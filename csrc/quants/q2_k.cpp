@@ -6,6 +6,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_panel.h"
 #include "quants/k_tile.h"
 #include "quants/simd.h"
 
@@ -30,32 +31,37 @@ void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s for one weight super-block and C
-// activation blocks, as 8 float lanes to be summed. Each 2-bit plane is unpacked once for all C.
-struct Q2KTile : LaneSums {
+// activation blocks, in the KSums order (k_tile.h). Each 2-bit plane is unpacked once for all C.
+struct Q2KTile {
   using BX = block_q2_K;
   using BY = block_q8_K;
+  static constexpr int kSub = 16, kZeroShift = -1;
+  static constexpr bool kMins = true;
+  // The 256 quants (0..3) as bytes, 32 per vector in element order.
+  static void quants(const BX& x, __m256i q[8]) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), _mm256_set1_epi8(3));
+    }
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t mn[16]) {
+    for (int s = 0; s < 16; ++s) sc[s] = x.scales[s] & 0x0F, mn[s] = x.scales[s] >> 4;
+  }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
   template <int C>
-  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
     const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));
-    const float xd = fp16_to_fp32(x.d), xdmin = fp16_to_fp32(x.dmin);
-    __m256i sum[C];
     for (int c = 0; c < C; ++c) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(y[c][b].d * xdmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc[c]);
+      min_sums[c] = _mm256_madd_epi16(mins, bsums);
       sum[c] = _mm256_setzero_si256();
     }
-    const __m256i low2 = _mm256_set1_epi8(3);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
-        const __m256i scale = scales_for_32(scales, 4 * h + j);
-        add_scaled_dots<C>(sum, q, scale, y, b, 128 * h + 32 * j);
-      }
-    }
-    add_block_sums<C>(acc, sum, xd, y, b);
+    __m256i q[8];
+    quants(x, q);
+    for (int v = 0; v < 8; ++v) add_scaled_dots<C>(sum, q[v], scales_for_32(scales, v), y, b, 32 * v);
   }
 };
 #endif
@@ -135,6 +141,9 @@ void register_q2_k(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q2_K)].vec_dot = vec_dot_k_tile<Q2KTile>;
   t.types[static_cast<int>(GGMLType::Q2_K)].gemm_tile = gemm_tile_k<Q2KTile>;
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q2_K)].gemm_panel = k_panel_kernel_for<Q2KTile>();
 #endif
 }
 

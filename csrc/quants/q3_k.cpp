@@ -10,6 +10,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_panel.h"
 #include "quants/k_tile.h"
 #include "quants/simd.h"
 
@@ -64,34 +65,43 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum((u - 4) qy), u = q + 4 (0..7), for one weight super-block and C activation
-// blocks, as 8 float lanes to be summed. Each 3-bit plane is unpacked once for all C.
-struct Q3KTile : LaneSums {
+// blocks, in the KSums order (k_tile.h). Each 3-bit plane is unpacked once for all C.
+struct Q3KTile {
   using BX = block_q3_K;
   using BY = block_q8_K;
-  template <int C>
-  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
-    const PackedScales packed = unpack_scales(x.scales);
-    const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
-    __m256i sum[C];
-    for (int c = 0; c < C; ++c) {
-      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-      // Start from -4 sum_s sc_s bsums_s, the correction for the +4 bias of u.
-      sum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 2));
-    }
+  static constexpr int kSub = 16, kZeroShift = 2;  // z = 4
+  static constexpr bool kMins = false;
+  // The 256 values of u (0..7) as bytes, 32 per vector in element order.
+  static void quants(const BX& x, __m256i q[8]) {
     const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
     const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
     for (int h = 0; h < 2; ++h) {
       const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
       for (int j = 0; j < 4; ++j) {
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * j), low2);
-        const __m256i u = _mm256_or_si256(low, _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2));
-        const __m256i scale = scales_for_32(scales, 4 * h + j);
-        add_scaled_dots<C>(sum, u, scale, y, b, 128 * h + 32 * j);
+        q[4 * h + j] = _mm256_or_si256(low, _mm256_and_si256(move_bit(hmask, 4 * h + j, 2), bit2));
       }
     }
-    const float xd = fp16_to_fp32(x.d);
-    add_block_sums<C>(acc, sum, xd, y, b);
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t*) {
+    const PackedScales packed = unpack_scales(x.scales);
+    for (int s = 0; s < 16; ++s) sc[s] = scale_of(packed, s);
+  }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX&) { return 0.0f; }
+  template <int C>
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i*) {
+    const PackedScales packed = unpack_scales(x.scales);
+    const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      // Start from -4 sum_s sc_s bsums_s, the correction for the +4 bias of u.
+      sum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 2));
+    }
+    __m256i u[8];
+    quants(x, u);
+    for (int v = 0; v < 8; ++v) add_scaled_dots<C>(sum, u[v], scales_for_32(scales, v), y, b, 32 * v);
   }
 };
 #endif
@@ -174,6 +184,9 @@ void register_q3_k(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q3_K)].vec_dot = vec_dot_k_tile<Q3KTile>;
   t.types[static_cast<int>(GGMLType::Q3_K)].gemm_tile = gemm_tile_k<Q3KTile>;
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q3_K)].gemm_panel = k_panel_kernel_for<Q3KTile>();
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_panel.h"
 #include "quants/k_tile.h"
 #include "quants/simd.h"
 
@@ -56,40 +57,46 @@ EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
 // dy (d sum_j scale_j sum(q qy) - dmin sum_j min_j sum(qy)) for one weight super-block and C
-// activation blocks: the scale term and the min term each as 8 float lanes (to be summed and
-// subtracted at the end). Each chunk of quants is unpacked once for all C.
+// activation blocks, in the KSums order (k_tile.h). Each chunk of quants is unpacked once for
+// all C.
 struct Q4KTile {
   using BX = block_q4_K;
   using BY = block_q8_K;
-  struct Acc {
-    __m256 scaled, mins;
-  };
-  static Acc init() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static constexpr int kSub = 32, kZeroShift = -1;
+  static constexpr bool kMins = true;
+  // The 256 quants (0..15) as bytes, sub-block s in q[s].
+  static void quants(const BX& x, __m256i q[8]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+      q[2 * k] = _mm256_and_si256(q4, low4);
+      q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+    }
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t mn[16]) { scales_and_mins_32(x.scales, sc, mn); }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
 
   template <int C>
-  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i min_sums[C]) {
     // Words scales 0-3, mins 0-3 | scales 4-7, mins 4-7, then each duplicated into a 32-bit pair.
     const ScalesMins sm = unpack_scales_mins(x.scales);
     const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(static_cast<long long>(sm.second), static_cast<long long>(sm.first)));
     const __m256i scale_pairs = _mm256_unpacklo_epi16(sm16, sm16);  // scales 0-3 | scales 4-7
     const __m256i min_pairs = _mm256_unpackhi_epi16(sm16, sm16);    // mins 0-3 | mins 4-7
-    const float d = fp16_to_fp32(x.d), dmin = fp16_to_fp32(x.dmin);
 
     // Mins: min j against bsums 2j and 2j + 1.
-    for (int c = 0; c < C; ++c) {
-      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-      acc[c].mins = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(min_pairs, bsums)), acc[c].mins);
-    }
+    for (int c = 0; c < C; ++c)
+      min_sums[c] = _mm256_madd_epi16(min_pairs, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums)));
 
     // Scales in both lanes; scale j is broadcast by a dword shuffle.
     const __m256i scales_0123 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x00);
     const __m256i scales_4567 = _mm256_permute2x128_si256(scale_pairs, scale_pairs, 0x11);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256i sumi[C];
+    __m256i q[8];
+    quants(x, q);
     for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
     auto chunk = [&](int k, __m256i scale_lo, __m256i scale_hi) {
-      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
-      const __m256i lo = _mm256_and_si256(q4, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      const __m256i lo = q[2 * k], hi = q[2 * k + 1];
       for (int c = 0; c < C; ++c) {
         const __m256i qy_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k));
         const __m256i qy_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k + 32));
@@ -102,11 +109,7 @@ struct Q4KTile {
     chunk(1, _mm256_shuffle_epi32(scales_0123, 0xAA), _mm256_shuffle_epi32(scales_0123, 0xFF));
     chunk(2, _mm256_shuffle_epi32(scales_4567, 0x00), _mm256_shuffle_epi32(scales_4567, 0x55));
     chunk(3, _mm256_shuffle_epi32(scales_4567, 0xAA), _mm256_shuffle_epi32(scales_4567, 0xFF));
-    for (int c = 0; c < C; ++c)
-      acc[c].scaled = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c].scaled);
   }
-
-  static float finish(const Acc& acc) { return hsum_f32_8(_mm256_sub_ps(acc.scaled, acc.mins)); }
 };
 #endif
 
@@ -143,6 +146,9 @@ void register_q4_k(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q4_K)].vec_dot = vec_dot_k_tile<Q4KTile>;
   t.types[static_cast<int>(GGMLType::Q4_K)].gemm_tile = gemm_tile_k<Q4KTile>;
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q4_K)].gemm_panel = k_panel_kernel_for<Q4KTile>();
 #endif
 }
 

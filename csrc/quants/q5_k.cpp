@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_panel.h"
 #include "quants/k_tile.h"
 #include "quants/simd.h"
 
@@ -37,26 +38,14 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s sum(qy) for one weight super-block and C
-// activation blocks, as 8 float lanes to be summed. Each sub-block is unpacked once for all C.
-struct Q5KTile : LaneSums {
+// activation blocks, in the KSums order (k_tile.h). Each sub-block is unpacked once for all C.
+struct Q5KTile {
   using BX = block_q5_K;
   using BY = block_q8_K;
-  template <int C>
-  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
-    const ScalesMins sm = unpack_scales_mins(x.scales);
-    // Scales and mins as int16: the 8 scales in both 128-bit halves, each min twice (against the
-    // two 16-value bsums of its sub-block).
-    const __m128i scales8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(scale_bytes(sm))));
-    const __m128i mins8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(min_bytes(sm))));
-    const __m256i scales = _mm256_set_m128i(scales8, scales8);
-    const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
-    const float xd = fp16_to_fp32(x.d), xdmin = fp16_to_fp32(x.dmin);
-    __m256i sum[C];
-    for (int c = 0; c < C; ++c) {
-      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(y[c][b].d * xdmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc[c]);
-      sum[c] = _mm256_setzero_si256();
-    }
+  static constexpr int kSub = 32, kZeroShift = -1;
+  static constexpr bool kMins = true;
+  // The 256 quants (0..31) as bytes, sub-block s in q[s].
+  static void quants(const BX& x, __m256i q[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh));
     for (int k = 0; k < 4; ++k) {
@@ -64,12 +53,33 @@ struct Q5KTile : LaneSums {
       for (int half = 0; half < 2; ++half) {
         const int s = 2 * k + half;
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q4, 4 * half), low4);
-        const __m256i q = _mm256_or_si256(low, _mm256_and_si256(move_bit(qh, s, 4), bit4));
-        const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * s)));
-        add_scaled_dots<C>(sum, q, scale, y, b, 32 * s);
+        q[s] = _mm256_or_si256(low, _mm256_and_si256(move_bit(qh, s, 4), bit4));
       }
     }
-    add_block_sums<C>(acc, sum, xd, y, b);
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t mn[16]) { scales_and_mins_32(x.scales, sc, mn); }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
+  template <int C>
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
+    const ScalesMins sm = unpack_scales_mins(x.scales);
+    // Scales and mins as int16: the 8 scales in both 128-bit halves, each min twice (against the
+    // two 16-value bsums of its sub-block).
+    const __m128i scales8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(scale_bytes(sm))));
+    const __m128i mins8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(min_bytes(sm))));
+    const __m256i scales = _mm256_set_m128i(scales8, scales8);
+    const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
+    for (int c = 0; c < C; ++c) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      min_sums[c] = _mm256_madd_epi16(mins, bsums);
+      sum[c] = _mm256_setzero_si256();
+    }
+    __m256i q[8];
+    quants(x, q);
+    for (int s = 0; s < 8; ++s) {
+      const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * s)));
+      add_scaled_dots<C>(sum, q[s], scale, y, b, 32 * s);
+    }
   }
 };
 #endif
@@ -129,6 +139,9 @@ void register_q5_k(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q5_K)].vec_dot = vec_dot_k_tile<Q5KTile>;
   t.types[static_cast<int>(GGMLType::Q5_K)].gemm_tile = gemm_tile_k<Q5KTile>;
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q5_K)].gemm_panel = k_panel_kernel_for<Q5KTile>();
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
+#include "quants/k_panel.h"
 #include "quants/k_tile.h"
 #include "quants/simd.h"
 
@@ -47,42 +48,53 @@ inline __m256i pick_scale_pair(__m256i scales, int k) {
 }
 
 // d dy sum_j scale_j (sum(q qy) - 32 sum(qy)) for one weight super-block and C activation
-// blocks, as 8 float lanes to be summed. Each half block is unpacked once for all C.
-struct Q6KTile : LaneSums {
+// blocks, in the KSums order (k_tile.h). Each half block is unpacked once for all C.
+struct Q6KTile {
   using BX = block_q6_K;
   using BY = block_q8_K;
-  template <int C>
-  static void dot(const BX& x, const BY* const y[C], int64_t b, Acc acc[C]) {
-    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
-    __m256i sumi[C];
-    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+  static constexpr int kSub = 16, kZeroShift = 5;  // z = 32
+  static constexpr bool kMins = false;
+  // The 256 quants (0..63) as bytes, 32 per vector in element order.
+  static void quants(const BX& x, __m256i q[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {
-      const __m256i scales = _mm256_permute2x128_si256(scales16, scales16, h == 0 ? 0x00 : 0x11);
       const uint8_t* ql = x.ql + 64 * h;
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
       // Bits 2k..2k+1 of qh moved to bits 4..5 (16-bit shifts: the mask drops what crosses bytes).
-      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, top2));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
-      const __m256i q[4] = {q0, q1, q2, q3};
+      q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+      q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+      q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, top2));
+      q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+    }
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t*) {
+    for (int s = 0; s < 16; ++s) sc[s] = x.scales[s];
+  }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX&) { return 0.0f; }
+  template <int C>
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+    __m256i q[8];
+    quants(x, q);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = _mm256_permute2x128_si256(scales16, scales16, h == 0 ? 0x00 : 0x11);
       for (int k = 0; k < 4; ++k) {
         const __m256i scale = pick_scale_pair(scales, 2 * k);
         for (int c = 0; c < C; ++c) {
           const __m256i qyk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 128 * h + 32 * k));
-          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], qyk), scale));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[4 * h + k], qyk), scale));
         }
       }
     }
-    const float d = fp16_to_fp32(x.d);
     for (int c = 0; c < C; ++c) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 scale_j sum(qy)
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][b].d * d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], offset)), acc[c]);
+      sumi[c] = _mm256_sub_epi32(sumi[c], offset);
     }
   }
 };
@@ -163,6 +175,9 @@ void register_q6_k(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q6_K)].vec_dot = vec_dot_k_tile<Q6KTile>;
   t.types[static_cast<int>(GGMLType::Q6_K)].gemm_tile = gemm_tile_k<Q6KTile>;
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q6_K)].gemm_panel = k_panel_kernel_for<Q6KTile>();
 #endif
 }
 

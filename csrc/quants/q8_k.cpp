@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/kernels.h"
+#include "quants/k_panel.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -47,6 +48,9 @@ void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
 
 void register_q8_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q8_K)] = {GGMLType::Q8_K, dequantize_row_q8_k, quantize_row_q8_k, nullptr};
+#if defined(EMBER_HAS_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q8_K)].pack_panel = pack_panel_k;
+#endif
 }
 
 }  // namespace EMBER_ISA_NS

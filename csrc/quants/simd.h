@@ -23,6 +23,20 @@ inline int hsum_i32_8(__m256i x) {
   return _mm_cvtsi128_si32(s);
 }
 
+// sum_lanes_8x8 after its first step: h[i] = hadd(p[2i], p[2i + 1]).
+inline __m256i sum_lanes_4x8(const __m256i h[4]) {
+  const __m256i h0123 = _mm256_hadd_epi32(h[0], h[1]), h4567 = _mm256_hadd_epi32(h[2], h[3]);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+// The 8 lanes of each of 8 vectors summed: lane r of the result is the sum of p[r].
+inline __m256i sum_lanes_8x8(const __m256i p[8]) {
+  const __m256i h[4] = {_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]), _mm256_hadd_epi32(p[4], p[5]),
+                        _mm256_hadd_epi32(p[6], p[7])};
+  return sum_lanes_4x8(h);
+}
+
 // Sums of 4 adjacent products of unsigned bytes ax and signed bytes sy, as 8 int32 lanes.
 inline __m256i dot_u8_i8_i32(__m256i ax, __m256i sy) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
