@@ -137,6 +137,18 @@ def test_a_repeat_penalty_of_zero_is_one_line():
     assert (result.returncode, result.stderr) == (2, "ember: error: repeat_penalty must be > 0, got 0.0\n")
 
 
+@pytest.mark.parametrize("isa, why", [("sse9", "unknown ISA 'sse9'"), ("amx", "does not support ISA 'amx'")])
+def test_a_bad_ember_isa_is_one_line(isa, why):
+    from ember import _core
+    if isa == "amx" and _core.cpu_flags()["amx_granted"]:
+        pytest.skip("this CPU and OS give the process AMX tiles")
+    env = {k: v for k, v in os.environ.items() if k != "EMBER_EMULATE_AMX"}
+    result = subprocess.run([sys.executable, "-m", "ember", "run", "hi"], capture_output=True, text=True, timeout=60,
+                            env={**env, "PYTHONPATH": str(SRC), "EMBER_ISA": isa})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("ember: error: EMBER_ISA: ") and why in result.stderr
+
+
 def test_unknown_model_is_one_line():
     result = ember_cli("run", "-m", "no-such-model", "hi")
     assert result.returncode == 2 and result.stdout == ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ember.errors import EmberError
@@ -201,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module_name, func_name = args.handler.split(":")
+    if os.environ.get("EMBER_ISA"):
+        from ember import _core
+        try:
+            _core.isa()  # EMBER_ISA names the kernel table; a bad one is a one-line error, not a traceback
+        except ValueError as exc:
+            print(f"ember: error: {exc}", file=sys.stderr)
+            return 2
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
