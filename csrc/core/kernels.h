@@ -37,12 +37,15 @@ using PackPanelFn = void (*)(int64_t n, const void* y, size_t y_stride, int n_co
 // c % kPanelTokens of panel c / kPanelTokens, the panels panel_bytes(n) apart.
 using GemmPanelFn = void (*)(int64_t n, float* out, size_t out_stride, const void* x, size_t x_stride,
                              const void* panel, int n_rows, int n_cols);
+// Panel p of consecutive panels of rows of n elements.
+inline const uint8_t* panel_at(const void* panels, int64_t n, int64_t p) {
+  return static_cast<const uint8_t*>(panels) + p * panel_bytes(n);
+}
 // f(panel, first token, tokens) for each panel of a GemmPanelFn's n_cols tokens.
 template <typename F>
 inline void for_each_panel(int64_t n, const void* panels, int n_cols, F&& f) {
   for (int c0 = 0; c0 < n_cols; c0 += kPanelTokens)
-    f(static_cast<const uint8_t*>(panels) + c0 / kPanelTokens * panel_bytes(n), c0,
-      n_cols - c0 < kPanelTokens ? n_cols - c0 : kPanelTokens);
+    f(panel_at(panels, n, c0 / kPanelTokens), c0, n_cols - c0 < kPanelTokens ? n_cols - c0 : kPanelTokens);
 }
 
 struct TypeKernels {

@@ -58,10 +58,9 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
   using BX = typename T::BX;
   constexpr int kGroup = 4;  // panels multiplied with each unpacked block of weights
   const int64_t nb = n / 32;
-  const size_t bytes = panel_bytes(n);
   const int n_panels = (n_cols + kPanelTokens - 1) / kPanelTokens;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
-  auto panel = [&](int p) { return reinterpret_cast<const PanelBlock*>(static_cast<const uint8_t*>(vpanels) + p * bytes); };
+  auto panel = [&](int p) { return reinterpret_cast<const PanelBlock*>(panel_at(vpanels, n, p)); };
 
   // Tile 0: 16 weight rows x 32 unsigned quants. Two panels at a time, so that one's products
   // overlap the other's: tiles 1 and 3 take a panel block (8 chunks x 16 tokens x 4 bytes),
@@ -134,7 +133,7 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
 // The K-quants (k_panel.h) on the tiles: sub-block j of 16 rows' unpacked quants (UnpackedK,
 // loaded in place at its stride) times the same sub-block of a K panel (kSub / 4 chunks of 16
 // tokens), one tdpbusd per sub-block and panel; then the integer sums go through k_panel.h's
-// add_sub_block and add_super_block, in the KSums order. Two sub-blocks at a time: tiles 0 and 5
+// add_sub_block and add_super_block, in k_tile.h's order. Two sub-blocks at a time: tiles 0 and 5
 // hold their quants, 1 and 3 the panel's, 2 and 4 the sums.
 template <int A, int B, int C>
 inline void start_sub_block_sums(const void* quants, size_t quant_stride, const PanelKBlock& pb, int chunk) {
@@ -150,10 +149,9 @@ void gemm_panel_k_amx(int64_t n, float* out, size_t out_stride, const void* vx, 
   using BX = typename T::BX;
   constexpr int kGroup = 2, kChunks = T::kSub / 4;  // 2 panels: their partial sums fill 32 KiB
   const int64_t nb = n / QK_K;
-  const size_t bytes = panel_bytes(n);
   const int n_panels = (n_cols + kPanelTokens - 1) / kPanelTokens;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
-  auto panel = [&](int p) { return reinterpret_cast<const PanelKBlock*>(static_cast<const uint8_t*>(vpanels) + p * bytes); };
+  auto panel = [&](int p) { return reinterpret_cast<const PanelKBlock*>(panel_at(vpanels, n, p)); };
 
   TileConfig cfg;
   cfg.set(0, 16, T::kSub).set(5, 16, T::kSub);

@@ -31,7 +31,7 @@ void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s bsums_s for one weight super-block and C
-// activation blocks, in the KSums order (k_tile.h). Each 2-bit plane is unpacked once for all C.
+// activation blocks, in k_tile.h's order. Each 2-bit plane is unpacked once for all C.
 struct Q2KTile {
   using BX = block_q2_K;
   using BY = block_q8_K;

@@ -65,7 +65,7 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum((u - 4) qy), u = q + 4 (0..7), for one weight super-block and C activation
-// blocks, in the KSums order (k_tile.h). Each 3-bit plane is unpacked once for all C.
+// blocks, in k_tile.h's order. Each 3-bit plane is unpacked once for all C.
 struct Q3KTile {
   using BX = block_q3_K;
   using BY = block_q8_K;

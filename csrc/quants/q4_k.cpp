@@ -57,7 +57,7 @@ EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
 // dy (d sum_j scale_j sum(q qy) - dmin sum_j min_j sum(qy)) for one weight super-block and C
-// activation blocks, in the KSums order (k_tile.h). Each chunk of quants is unpacked once for
+// activation blocks, in k_tile.h's order. Each chunk of quants is unpacked once for
 // all C.
 struct Q4KTile {
   using BX = block_q4_K;

@@ -38,7 +38,7 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s sum(qy) for one weight super-block and C
-// activation blocks, in the KSums order (k_tile.h). Each sub-block is unpacked once for all C.
+// activation blocks, in k_tile.h's order. Each sub-block is unpacked once for all C.
 struct Q5KTile {
   using BX = block_q5_K;
   using BY = block_q8_K;

@@ -48,7 +48,7 @@ inline __m256i pick_scale_pair(__m256i scales, int k) {
 }
 
 // d dy sum_j scale_j (sum(q qy) - 32 sum(qy)) for one weight super-block and C activation
-// blocks, in the KSums order (k_tile.h). Each half block is unpacked once for all C.
+// blocks, in k_tile.h's order. Each half block is unpacked once for all C.
 struct Q6KTile {
   using BX = block_q6_K;
   using BY = block_q8_K;
