@@ -80,7 +80,7 @@ const TypeKernels& kernels_for(const KernelTable& table, GGMLType type) {
 // A Graph plus the Python objects whose memory its weights point into.
 class PyGraph {
  public:
-  explicit PyGraph(int n_threads) : graph_(checked_threads(n_threads)) { graph_.set_kernels(&active_kernels()); }
+  PyGraph(int n_threads, bool float_activations) : graph_(checked_threads(n_threads), float_activations) { graph_.set_kernels(&active_kernels()); }
 
   int32_t weight(int32_t type_id, int64_t ne0, int64_t ne1, nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> data) {
     GGMLType type = checked_type(type_id);
@@ -232,6 +232,7 @@ class PyGraph {
   size_t arena_size() const { return graph_.arena_size(); }
   size_t kv_size() const { return graph_.kv_size(); }
   int n_threads() const { return graph_.n_threads(); }
+  bool float_activations() const { return graph_.float_activations(); }
   std::string isa() const { return graph_.kernels()->isa; }
 
  private:
@@ -449,7 +450,7 @@ NB_MODULE(_core, m) {
   m.doc() = "ember's compute core: graph runtime, thread pool and quantized kernels";
 
   nb::class_<PyGraph>(m, "Graph")
-      .def(nb::init<int>(), "n_threads"_a)
+      .def(nb::init<int, bool>(), "n_threads"_a, "float_activations"_a = false)
       .def("weight", &PyGraph::weight, "type"_a, "ne0"_a, "ne1"_a, "data"_a)
       .def("input", &PyGraph::input, "ne0"_a)
       .def("get_rows", &PyGraph::get_rows, "weight"_a, "by_position"_a = false)
@@ -485,6 +486,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("arena_size", &PyGraph::arena_size)
       .def_prop_ro("kv_size", &PyGraph::kv_size)
       .def_prop_ro("n_threads", &PyGraph::n_threads)
+      .def_prop_ro("float_activations", &PyGraph::float_activations)
       .def_prop_ro("isa", &PyGraph::isa);
 
   nb::class_<TextIndex>(m, "TextIndex")

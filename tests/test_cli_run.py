@@ -116,6 +116,7 @@ BAD_VALUES = [
     (["--top-p", "-0.1"], "--top-p"),
     (["--min-p", "2"], "--min-p"),
     (["-c", "0"], "--ctx-size"),
+    (["--activations", "int4"], "--activations"),
 ]
 
 
@@ -149,6 +150,13 @@ def test_a_bad_ember_isa_is_one_line(isa, why):
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("ember: error: EMBER_ISA: ") and why in result.stderr
 
 
+@pytest.mark.parametrize("command", ["chat", "serve", "bench", "perplexity -f x.txt"])
+def test_every_model_command_checks_activations(command):
+    result = ember_cli(*command.split(), "--activations", "f64")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "--activations: must be one of int8, f32, got 'f64'" in result.stderr
+
+
 def test_unknown_model_is_one_line():
     result = ember_cli("run", "-m", "no-such-model", "hi")
     assert result.returncode == 2 and result.stdout == ""
@@ -176,6 +184,16 @@ def test_real_model_run_prints_text_then_timings():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() and not result.stdout.startswith("The capital")
     assert re.fullmatch(TIMING, result.stderr)
+
+
+@pytest.mark.model
+def test_activations_flag_reaches_the_model():
+    from ember.cli import build_parser
+
+    for flags, float_activations in (([], False), (["--activations", "f32"], True)):
+        llm, _ = run_command.load_llm(build_parser().parse_args(["run", *flags, "-c", "64", "hi"]))
+        assert llm.model.graph.float_activations is float_activations
+        llm.close()
 
 
 @pytest.mark.model

@@ -13,8 +13,6 @@
 namespace ember {
 
 namespace {
-constexpr size_t kAlign = 64;
-size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
 struct Block {
   size_t offset, size;
@@ -33,7 +31,7 @@ size_t place(std::vector<Block>& live, size_t size) {
 }
 }  // namespace
 
-Graph::Graph(int n_threads) : pool_(n_threads) {}
+Graph::Graph(int n_threads, bool float_activations) : float_activations_(float_activations), pool_(n_threads) {}
 
 int32_t Graph::add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* data, size_t n_bytes) {
   const TypeTraits& tt = type_traits(type);
@@ -167,6 +165,9 @@ size_t Graph::node_work_size(const Node& n) const {
     case Op::MatMul: {
       // The activations, converted to the weight's vec_dot_type: one row per row of x.
       const Tensor &w = tensors_[n.src[0]], &x = tensors_[n.src[1]];
+      // Float activations: per thread, kDequantRows weight rows dequantized to F32.
+      if (float_activations_ && w.type != GGMLType::F32)
+        return static_cast<size_t>(pool_.size()) * align_up(kDequantRows * w.ne0 * sizeof(float));
       GGMLType vdt = kernels_->of(w.type).vec_dot_type;
       if (vdt == GGMLType::F32) return 0;
       const size_t rows = static_cast<size_t>(max_rows(x)) * align_up(row_bytes(vdt, w.ne0));
@@ -311,6 +312,7 @@ const float* Graph::run(int64_t n_tokens, const int32_t* tokens, const int32_t* 
   ctx_.seq_ids = seq_ids;
   ctx_.output_rows = output_rows;
   ctx_.inputs = inputs;
+  ctx_.float_activations = float_activations_;
   pool_.run(run_task, this);
   return reinterpret_cast<const float*>(data(tensors_[output_], arena_.get()));
 }

@@ -28,6 +28,10 @@ struct ZeroPagesDeleter {
 using ZeroPages = std::unique_ptr<uint8_t, ZeroPagesDeleter>;
 ZeroPages map_zero_pages(size_t size);
 
+// Arena placements (activations, per-node scratch) are aligned to kAlign bytes.
+constexpr size_t kAlign = 64;
+inline size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
 struct Tensor {
   GGMLType type = GGMLType::F32;
   int64_t ne0 = 0;            // elements per row
@@ -88,6 +92,7 @@ struct ExecContext {
   const int32_t* seq_ids = nullptr;
   const int32_t* output_rows = nullptr;
   const float* const* inputs = nullptr;  // external F32 inputs, by Input node order
+  bool float_activations = false;  // matmuls dequantize weights and keep activations in F32
 
   int64_t base_rows(const Tensor& t) const {
     return t.ne1 == kRowsTokens ? n_tokens : t.ne1 == kRowsOutputs ? n_outputs : t.ne1;
@@ -106,7 +111,10 @@ struct ExecContext {
 
 class Graph {
  public:
-  explicit Graph(int n_threads);
+  // float_activations: every matmul dequantizes its weight rows to F32 and takes float dot
+  // products with the F32 activations, instead of converting the activations to the weight
+  // type's vec_dot_type (8-bit blocks for quantized weights). Slower; no activation rounding.
+  explicit Graph(int n_threads, bool float_activations = false);
 
   int32_t add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* data, size_t n_bytes);
   int32_t add_input(int64_t ne0);  // F32 activations [n_tokens, ne0] given to run()
@@ -140,6 +148,7 @@ class Graph {
   size_t arena_size() const { return arena_size_; }
   size_t kv_size() const;
   int n_threads() const { return pool_.size(); }
+  bool float_activations() const { return float_activations_; }
   int64_t max_tokens() const { return max_tokens_; }
   int64_t max_outputs() const { return max_outputs_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -167,6 +176,7 @@ class Graph {
   std::vector<KVCache> kv_;
   std::vector<uint64_t> node_ns_;
   bool profiling_ = false;
+  bool float_activations_ = false;
   int32_t output_ = -1;
   int64_t n_inputs_ = 0;
   int64_t max_tokens_ = 0, max_outputs_ = 0, n_ctx_ = 0, n_seq_ = 0;

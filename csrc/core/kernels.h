@@ -48,6 +48,9 @@ inline void for_each_panel(int64_t n, const void* panels, int n_cols, F&& f) {
     f(panel_at(panels, n, c0 / kPanelTokens), c0, n_cols - c0 < kPanelTokens ? n_cols - c0 : kPanelTokens);
 }
 
+// Weight rows a thread dequantizes to F32 at a time in a matmul with float activations.
+constexpr int64_t kDequantRows = 16;
+
 struct TypeKernels {
   GGMLType vec_dot_type = GGMLType::F32;  // the format activations are converted to
   DequantizeRowFn dequantize_row = nullptr;

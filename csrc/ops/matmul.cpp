@@ -5,6 +5,8 @@
 // With kPanelMinTokens tokens or more, types that have a panel kernel (AVX-512, and AMX tiles
 // in the amx table) get their activations repacked into panels of kPanelTokens tokens once per
 // call, and each tile of weight rows is multiplied with every panel while it is in cache.
+// A graph with float activations instead dequantizes each thread's weight rows, kDequantRows at
+// a time, and takes F32 dot products with the activations as they are.
 #include "ops/common.h"
 
 namespace ember {
@@ -62,15 +64,37 @@ void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint
   }
 }
 
+void matmul_float(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
+  const DequantizeRowFn dequantize = ctx.kernels->of(w.type).dequantize_row;
+  const VecDotFn dot = ctx.kernels->of(GGMLType::F32).vec_dot;
+  const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
+  float* rows_f32 = reinterpret_cast<float*>(ctx.arena + n.work_offset +
+                                             ith * align_up(kDequantRows * K * sizeof(float)));
+  const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
+  float* out = row_f32(ctx, y, 0);
+  const size_t out_stride = y.row_stride / sizeof(float);
+  const Range rows = row_tiles(N, ith, nth);
+  for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kDequantRows) {
+    const int64_t n_rows = std::min(kDequantRows, rows.end - r0);
+    for (int64_t r = 0; r < n_rows; ++r) dequantize(weights + (r0 + r) * w.row_stride, rows_f32 + r * K, K);
+    for (int64_t c = 0; c < M; ++c) {
+      const float* xc = operand_row(ctx, x, c);
+      for (int64_t r = 0; r < n_rows; ++r) dot(K, out + c * out_stride + r0 + r, rows_f32 + r * K, xc);
+    }
+  }
+}
+
 void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
   const TypeKernels& tk = ctx.kernels->of(w.type);
   const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
+  if (ctx.float_activations && w.type != GGMLType::F32) return matmul_float(n, ctx, ith, nth);
 
   const uint8_t* act = ctx.graph->weight_or_data(x, ctx.arena);
   size_t act_stride = x.row_stride;
   if (tk.vec_dot_type != GGMLType::F32) {
-    const size_t stride = (row_bytes(tk.vec_dot_type, K) + 63) & ~size_t(63);
+    const size_t stride = align_up(row_bytes(tk.vec_dot_type, K));
     uint8_t* work = ctx.arena + n.work_offset;
     quantize_activations(ctx, x, tk.vec_dot_type, K, M, work, stride, ith, nth);
     ctx.barrier();

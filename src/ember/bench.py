@@ -37,6 +37,7 @@ class BenchResult:
     load_ms: float = 0.0
     peak_rss_bytes: int = 0
     isa: str = ""
+    activations: str = "int8"
 
 
 def peak_rss_bytes() -> int:
@@ -77,7 +78,7 @@ def generation_speeds(model, n_gen: int, repetitions: int) -> list[float]:
 
 
 def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=None, repetitions: int = 5,
-              progress=None) -> list[BenchResult]:
+              progress=None, activations: str = "int8") -> list[BenchResult]:
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
     from ember.info import describe
@@ -88,12 +89,13 @@ def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=Non
     for n_threads in threads or [physical_cores()]:
         start = time.perf_counter()
         gguf = open_gguf(path)
-        model = Model(gguf, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads, n_batch=max(n_prompt, 1))
+        model = Model(gguf, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads, n_batch=max(n_prompt, 1),
+                      activations=activations)
         load_ms = (time.perf_counter() - start) * 1000
         summary = describe(gguf)
         base = dict(model=summary.get("name") or path.stem, type=summary.get("file_type", ""),
                     model_size=path.stat().st_size, model_n_params=int(summary.get("parameters", 0)),
-                    n_threads=n_threads, load_ms=load_ms, isa=model.graph.isa)
+                    n_threads=n_threads, load_ms=load_ms, isa=model.graph.isa, activations=activations)
         for test, n, measure in (("pp", n_prompt, prompt_speeds), ("tg", n_gen, generation_speeds)):
             if n <= 0:
                 continue
@@ -111,7 +113,8 @@ def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=Non
 def format_markdown(results: list[BenchResult]) -> str:
     lines = ["| model | size | params | isa | threads | test | t/s |", "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
     for r in results:
-        lines.append(f"| {r.model} {r.type} | {r.model_size / 2**20:.2f} MiB | {r.model_n_params / 1e6:.2f} M | {r.isa} "
+        isa = r.isa if r.activations == "int8" else f"{r.isa}, {r.activations} activations"
+        lines.append(f"| {r.model} {r.type} | {r.model_size / 2**20:.2f} MiB | {r.model_n_params / 1e6:.2f} M | {isa} "
                      f"| {r.n_threads} | {r.test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |")
     if results:
         lines.append("")
@@ -133,7 +136,8 @@ def cli_bench(args) -> int:
     def progress(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    results = run_bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, progress)
+    results = run_bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, progress,
+                        args.activations)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
     elif args.output == "csv":

@@ -71,6 +71,14 @@ def _thread_list(text: str) -> list[int]:
     return values
 
 
+def _activations(text: str) -> str:
+    from ember.runtime import ACTIVATIONS
+
+    if text not in ACTIVATIONS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(ACTIVATIONS)}, got {text!r}")
+    return text
+
+
 def _add_model(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("-m", "--model", default=None if required else DEFAULT_MODEL, required=required,
                    help="registry name (see `ember list`) or path to a .gguf file"
@@ -82,6 +90,13 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
                    help="compute threads (default: physical cores)")
     p.add_argument("-c", "--ctx-size", type=_positive_int, default=None,
                    help="context length in tokens (default: min(model's, 4096))")
+    _add_activations(p)
+
+
+def _add_activations(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--activations", type=_activations, default="int8", metavar="{int8,f32}",
+                   help="int8 (default): 8-bit activations and integer dot products, as llama.cpp; "
+                        "f32: dequantized weights and unrounded activations (slower, closest to a float reference)")
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -141,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=_thread_list, default=None, help="e.g. 1,2")
     p.add_argument("-r", "--repetitions", type=_positive_int, default=5)
     p.add_argument("-o", "--output", choices=["md", "json", "csv"], default="md")
+    _add_activations(p)
     p.set_defaults(handler="ember.bench:cli_bench")
 
     p = sub.add_parser("perplexity", help="perplexity of a model on a text file")
@@ -150,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=_positive_int, default=None)
     p.add_argument("-t", "--threads", type=_positive_int, default=None)
     p.add_argument("--chunks", type=_positive_int, default=None, help="score at most this many chunks")
+    _add_activations(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="ember.perplexity:cli_perplexity")
 

@@ -38,10 +38,12 @@ class LLM:
     seed: makes every request without its own seed reproducible: per-request seeds are drawn
       from a generator seeded with it (default: a fresh random seed per request).
     n_batch: prompt tokens evaluated per step.
+    activations: "int8" (default, 8-bit activations and integer dot products, as llama.cpp) or
+      "f32" (dequantized weights, unrounded activations: closest to a float reference, slower).
     """
 
     def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
-                 seed: int | None = None, n_batch: int = 512):
+                 seed: int | None = None, n_batch: int = 512, activations: str = "int8"):
         from ember.gguf import open_gguf
         from ember.hub import resolve_model
         from ember.runtime import Model
@@ -49,7 +51,7 @@ class LLM:
 
         path = resolve_model(model)
         gguf = open_gguf(path)
-        runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations)
         self._setup(runtime, Tokenizer.from_gguf(gguf), None, model_name(model), seed)
 
     @classmethod

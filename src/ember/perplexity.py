@@ -98,7 +98,8 @@ def cli_perplexity(args) -> int:
     tokenizer = Tokenizer.from_gguf(gguf)
     tokens = tokenizer.encode(text, add_special=True)
     n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
-    model = Model(gguf, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=args.ctx_size)
+    model = Model(gguf, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=args.ctx_size,
+                  activations=args.activations)
     bos = tokenizer.bos_id if tokenizer.add_bos else None
     print(f"perplexity: {len(tokens)} tokens, {chunk_count(len(tokens), args.ctx_size)} chunks of {args.ctx_size}",
           file=sys.stderr)

@@ -24,7 +24,7 @@ def load_llm(args):
 
     path = resolve_model(args.model)
     start = time.perf_counter()
-    llm = LLM(path, n_ctx=args.ctx_size, n_threads=args.threads)
+    llm = LLM(path, n_ctx=args.ctx_size, n_threads=args.threads, activations=args.activations)
     return llm, time.perf_counter() - start
 
 

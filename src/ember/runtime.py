@@ -17,6 +17,7 @@ from ember.models.blocks import Builder
 from ember.sysinfo import physical_cores
 
 DEFAULT_MAX_CTX = 4096
+ACTIVATIONS = ("int8", "f32")
 
 
 class Model:
@@ -27,10 +28,14 @@ class Model:
     n_seq: sequence slots sharing the weights (the server's parallel requests).
     n_batch: tokens per graph run; longer prompts are processed in chunks of this size.
     n_outputs: most rows of logits one run returns (logits="all" is chunked to fit).
+    activations: "int8" (default): each matmul converts its activations to the weight type's
+        8-bit block format and takes integer dot products, as llama.cpp does; "f32": weights
+        are dequantized to F32 row by row and the activations are not rounded (several times
+        slower; logits as close to a float32 reference as the accumulation order allows).
     """
 
     def __init__(self, model, n_ctx: int | None = None, n_threads: int | None = None, n_seq: int = 1,
-                 n_batch: int = 512, n_outputs: int | None = None):
+                 n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8"):
         from ember.gguf import open_gguf
 
         if isinstance(model, (str, Path)):
@@ -52,7 +57,10 @@ class Model:
                             ("n_batch", self.n_batch), ("n_outputs", self.n_outputs)):
             if value <= 0:
                 raise EmberError(f"{name} must be positive, got {value}")
-        self.graph = _core.Graph(self.n_threads)
+        if activations not in ACTIVATIONS:
+            raise EmberError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.activations = activations
+        self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
         builder = Builder(self.graph, self.gguf, self.hp)
         logits = arch.build(builder)
         self._keep = builder._keep

@@ -19,7 +19,7 @@ from ember.errors import EmberError
 
 
 def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = None, parallel: int = 4,
-                 queue_size: int = 64, api_key: str | None = None):
+                 queue_size: int = 64, api_key: str | None = None, activations: str = "int8"):
     """The app and its scheduler (started) for a registry model name or .gguf path."""
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
@@ -31,7 +31,7 @@ def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = N
     from ember.tokenizer import Tokenizer
 
     gguf = open_gguf(resolve_model(model))
-    runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_seq=parallel)
+    runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_seq=parallel, activations=activations)
     llm = LLM.from_components(runtime, Tokenizer.from_gguf(gguf), name=model_name(model))
     llm.chat_template  # parse the template now: a broken one fails at start, not per request
     metrics = Metrics()
@@ -47,7 +47,8 @@ def cli_serve(args) -> int:
     sock = listening_socket(args.host, args.port)  # before loading: a busy port fails at once
     host, port = sock.getsockname()[:2]
     app, scheduler = build_server(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                  parallel=args.parallel, queue_size=args.queue_size, api_key=args.api_key)
+                                  parallel=args.parallel, queue_size=args.queue_size, api_key=args.api_key,
+                                  activations=args.activations)
     try:
         model = scheduler.model
         print(f"ember: serving {args.model} on http://{_url_host(host)}:{port} ({args.parallel} slots of "
