@@ -239,6 +239,19 @@ def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t):
     assert np.array_equal(run_matmul(g, x[:11]), alone[:11])
 
 
+@pytest.mark.parametrize("n_in", [67, 93])
+def test_f32_tiles_with_a_tail(isa, n_in):
+    """F32 rows whose length is not a multiple of 16 (the SIMD step): the tile kernel's edge
+    blocks and tails give each token its bits alone, and match numpy."""
+    n_out, n_tokens = 37, 33
+    w_raw = random_rows(GGMLType.F32, n_out, n_in, seed=13)
+    g = matmul_graph(GGMLType.F32, w_raw, n_in, n_out)
+    x = np.random.default_rng(14).standard_normal((n_tokens, n_in)).astype(np.float32)
+    out = run_matmul(g, x)
+    assert np.array_equal(out, np.concatenate([run_matmul(g, x[i:i + 1]) for i in range(n_tokens)]))
+    assert_matches_numpy(out, GGMLType.F32, w_raw, x)
+
+
 @pytest.mark.parametrize("n_in", [5632, 20736])
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
 def test_long_rows_in_small_batches(isa, t, n_in):

@@ -33,7 +33,9 @@ TEXT = (
 # discontinuous, and on this text smollm2 flips at a 0.17 margin and gemma3 (whose residual
 # stream is large) at up to 0.27 — the scalar and AVX2 kernels, equal to 2e-7 per matmul, flip
 # at different positions. The same files dequantized to F32 match transformers to 5e-4
-# relative, so the graph itself is exact; the flips come from activation quantization.
+# relative, so the graph itself is exact; the flips come from activation quantization (llama.cpp
+# flips at 0.119 on gemma3 too). activations="f32" leaves the activations unrounded and meets the
+# 0.1 target on all three (test_float_activation_logits_agree_with_transformers).
 MARGINS = {"smollm2-135m": 0.2, "qwen2.5-coder-0.5b": 0.1, "gemma3-270m": 0.3}
 
 

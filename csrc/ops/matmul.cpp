@@ -17,6 +17,7 @@ namespace {
 constexpr int64_t kRowTile = 16;
 constexpr int64_t kColTile = 8;
 constexpr int64_t kPanelMinTokens = 16;
+constexpr int64_t kFewTokens = 4;
 
 // Thread ith's share of the weight rows, in whole tiles of kRowTile.
 Range row_tiles(int64_t n_rows, int ith, int nth) {
@@ -67,21 +68,29 @@ void matmul_panels(const Node& n, ExecContext& ctx, int ith, int nth, const uint
 void matmul_float(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
   const DequantizeRowFn dequantize = ctx.kernels->of(w.type).dequantize_row;
-  const VecDotFn dot = ctx.kernels->of(GGMLType::F32).vec_dot;
+  const TypeKernels& f32 = ctx.kernels->of(GGMLType::F32);
   const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
+  const uint8_t* act = ctx.graph->weight_or_data(x, ctx.arena);
   float* rows_f32 = reinterpret_cast<float*>(ctx.arena + n.work_offset +
                                              ith * align_up(kDequantRows * K * sizeof(float)));
   const uint8_t* weights = static_cast<const uint8_t*>(w.weight_data);
   float* out = row_f32(ctx, y, 0);
   const size_t out_stride = y.row_stride / sizeof(float);
   const Range rows = row_tiles(N, ith, nth);
-  for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kDequantRows) {
-    const int64_t n_rows = std::min(kDequantRows, rows.end - r0);
+  // Few tokens (decoding): 4 rows at a time, so that the dequantized rows stay in L1 between
+  // their store and the dot products (gemma3-270m decode step 26 -> 16.5 ms against 16 rows).
+  const int64_t step = M <= kFewTokens ? 4 : kDequantRows;
+  for (int64_t r0 = rows.begin; r0 < rows.end; r0 += step) {
+    const int64_t n_rows = std::min(step, rows.end - r0);
     for (int64_t r = 0; r < n_rows; ++r) dequantize(weights + (r0 + r) * w.row_stride, rows_f32 + r * K, K);
-    for (int64_t c = 0; c < M; ++c) {
-      const float* xc = operand_row(ctx, x, c);
-      for (int64_t r = 0; r < n_rows; ++r) dot(K, out + c * out_stride + r0 + r, rows_f32 + r * K, xc);
+    if (f32.gemm_tile) {
+      f32.gemm_tile(K, out + r0, out_stride, rows_f32, K * sizeof(float), act, x.row_stride,
+                    static_cast<int>(n_rows), static_cast<int>(M));
+      continue;
     }
+    for (int64_t c = 0; c < M; ++c)
+      for (int64_t r = 0; r < n_rows; ++r)
+        f32.vec_dot(K, out + c * out_stride + r0 + r, rows_f32 + r * K, act + c * x.row_stride);
   }
 }
 

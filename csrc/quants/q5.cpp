@@ -39,21 +39,30 @@ inline __m256i unpack_q5_32(const uint8_t qh[4], const uint8_t qs[16]) {
 
 void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
   const block_q5_0* x = static_cast<const block_q5_0*>(src);
-  int q[QK5_0];
   for (int64_t b = 0; b < n / QK5_0; ++b) {
     const float d = fp16_to_fp32(x[b].d);
+#if defined(__AVX2__)
+    const __m256i q = _mm256_sub_epi8(unpack_q5_32(x[b].qh, x[b].qs), _mm256_set1_epi8(16));
+    store_block_f32_32(q, _mm256_set1_ps(d), _mm256_setzero_ps(), dst + b * QK5_0);
+#else
+    int q[QK5_0];
     unpack_q5(x[b].qh, x[b].qs, q);
     for (int j = 0; j < QK5_0; ++j) dst[b * QK5_0 + j] = d * (q[j] - 16);
+#endif
   }
 }
 
 void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
   const block_q5_1* x = static_cast<const block_q5_1*>(src);
-  int q[QK5_1];
   for (int64_t b = 0; b < n / QK5_1; ++b) {
     const float d = fp16_to_fp32(x[b].d), m = fp16_to_fp32(x[b].m);
+#if defined(__AVX2__)
+    store_block_f32_32(unpack_q5_32(x[b].qh, x[b].qs), _mm256_set1_ps(d), _mm256_set1_ps(m), dst + b * QK5_1);
+#else
+    int q[QK5_1];
     unpack_q5(x[b].qh, x[b].qs, q);
     for (int j = 0; j < QK5_1; ++j) dst[b * QK5_1 + j] = d * q[j] + m;
+#endif
   }
 }
 

@@ -98,6 +98,21 @@ inline __m256i unpack_nibbles_32(const uint8_t* qs) {
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
+// dst[j] = d * q[j] + m for 16 signed bytes q (values in element order).
+inline void store_f32_16(__m128i q, __m256 d, __m256 m, float* dst) {
+  const __m128i eights[2] = {q, _mm_srli_si128(q, 8)};
+  for (int k = 0; k < 2; ++k) {
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eights[k]));
+    _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_mul_ps(d, f), m));
+  }
+}
+
+// The same for 32 signed bytes with one d and m (a block's values).
+inline void store_block_f32_32(__m256i q, __m256 d, __m256 m, float* dst) {
+  store_f32_16(_mm256_castsi256_si128(q), d, m, dst);
+  store_f32_16(_mm256_extracti128_si256(q, 1), d, m, dst + 16);
+}
+
 // 32 bits -> 32 bytes: byte j is 0xFF where bit j % 8 of bits[j / 8] is set, else 0.
 inline __m256i bits_to_byte_mask_32(const uint8_t* bits) {
   uint32_t word;
