@@ -40,11 +40,17 @@ MARGINS = {"smollm2-135m": 0.2, "qwen2.5-coder-0.5b": 0.1, "gemma3-270m": 0.3}
 
 
 @functools.lru_cache(maxsize=3)
-def transformers_logits(path, n_tokens=64):
+def transformers_model(path):
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    ids = tok(TEXT)["input_ids"][:n_tokens]
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                               dtype=torch.float32)
+    return tok, model
+
+
+@functools.lru_cache(maxsize=3)
+def transformers_logits(path, n_tokens=64):
+    tok, model = transformers_model(path)
+    ids = tok(TEXT)["input_ids"][:n_tokens]
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy()
     return ids, logits
@@ -77,6 +83,23 @@ def test_float_activation_logits_agree_with_transformers(name):
     top2 = np.sort(ref, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) >= 0.1
     assert np.array_equal(ours.argmax(1)[clear], ref.argmax(1)[clear])
+
+
+@pytest.mark.parametrize("name", list(MARGINS))
+def test_float_activation_greedy_tokens_are_transformers_tokens(name):
+    """24 greedy tokens through the KV cache, one at a time: the same ids as transformers'
+    greedy generate() on the same file."""
+    path = resolve_model(name)
+    tok, model = transformers_model(path)
+    ids = tok("The capital of France is")["input_ids"]
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0][len(ids):].tolist()
+    ours, runtime = [], Model(path, n_ctx=64, activations="f32")
+    logits = runtime.eval(ids)
+    while len(ours) < len(expected):
+        ours.append(int(np.argmax(logits)))
+        logits = runtime.eval([ours[-1]])
+    assert ours == expected
 
 
 def test_incremental_decode_equals_one_batch():
