@@ -229,3 +229,25 @@ def llm_over(tokenizer, template):
             pass
 
     return ember.LLM.from_components(Unused(), tokenizer, template)
+
+
+@pytest.mark.model
+def test_logits_of_every_position_through_the_kv_cache():
+    from ember.errors import ContextFullError
+
+    llm = ember.LLM("smollm2-135m", n_ctx=32, n_threads=2)
+    ids = llm.tokenize("The history of natural language processing generally started in the 1950s")
+    at_once = llm.logits(ids)
+    assert at_once.shape == (len(ids), llm.n_vocab) and at_once.dtype == np.float32
+    llm.reset()
+    in_parts = np.concatenate([llm.logits(ids[:5]), llm.logits(ids[5:6]), llm.logits(ids[6:])])
+    assert np.array_equal(in_parts, at_once)
+    llm.reset()
+    assert np.array_equal(llm.logits(ids[:3])[-1], at_once[2])  # row i: the logits after token i
+
+    chunked = ember.LLM("smollm2-135m", n_ctx=32, n_threads=2, n_batch=4)
+    assert np.array_equal(chunked.logits(ids), at_once)
+    with pytest.raises(ContextFullError, match="do not fit in the context of 32 tokens"):
+        chunked.logits(ids * 2)
+    # the refused call left the cache as it was: the sequence goes on after ids
+    assert np.array_equal(chunked.logits([ids[0]]), np.asarray(llm.logits(ids[3:] + [ids[0]]))[-1:])

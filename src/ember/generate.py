@@ -108,10 +108,10 @@ class SequenceCache:
         del self.tokens[n_common:]
         return n_common
 
-    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+    def eval(self, tokens: Sequence[int], logits="last") -> np.ndarray:
         self.tokens.extend(tokens)
         try:
-            return self.model.eval(tokens, seq=self.seq)
+            return self.model.eval(tokens, seq=self.seq, logits=logits)
         finally:  # after an interrupt or an error, keep only what the model really holds
             n_held = min(self.model.n_past(self.seq), len(self.tokens))
             del self.tokens[n_held:]

@@ -111,6 +111,20 @@ class LLM:
         text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
         return self.prompt_tokens(text)
 
+    # -- evaluation --------------------------------------------------------------------------
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The logits of every position of token_ids, float32 [len(token_ids), n_vocab].
+
+        Evaluation is incremental through the KV cache: the tokens continue the sequence the
+        cache holds (what earlier calls evaluated, so `logits(prompt)` then `logits([next_id])`
+        gives the next position without evaluating the prompt again; after a generation
+        request, its prompt and completion) until `reset()`. Prompts longer than n_batch are
+        evaluated in chunks. Tokens that would overflow the context raise ContextFullError and
+        leave the cache as it was.
+        """
+        return self._cache.eval(list(token_ids), logits="all")
+
     # -- generation --------------------------------------------------------------------------
 
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
@@ -189,7 +203,7 @@ class LLM:
     # -- lifetime ----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget the cached prompt (the next request evaluates its prompt from the start)."""
+        """Forget the cached tokens: the next request, or `logits` call, starts from position 0."""
         self._cache.clear()
 
     def close(self) -> None:
