@@ -157,6 +157,27 @@ def test_every_model_command_checks_activations(command):
     assert result.stderr.count("\n") == 1 and "--activations: must be one of int8, f32, got 'f64'" in result.stderr
 
 
+def test_an_unsupported_architecture_is_named(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from ember.errors import GGUFError
+    from ember.runtime import Model
+
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match=r"unsupported architecture 'mamba' \(ember runs: gemma3, gpt2, llama, qwen2\)"):
+        Model(path)
+    result = ember_cli("run", "-m", str(path), "hi")
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "unsupported architecture 'mamba'" in result.stderr
+
+
 def test_unknown_model_is_one_line():
     result = ember_cli("run", "-m", "no-such-model", "hi")
     assert result.returncode == 2 and result.stdout == ""
