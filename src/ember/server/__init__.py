@@ -51,8 +51,9 @@ def cli_serve(args) -> int:
                                   activations=args.activations)
     try:
         model = scheduler.model
+        activations = "" if model.activations == "int8" else f", {model.activations} activations"
         print(f"ember: serving {args.model} on http://{_url_host(host)}:{port} ({args.parallel} slots of "
-              f"{model.n_ctx} tokens, {model.n_threads} threads)", file=sys.stderr, flush=True)
+              f"{model.n_ctx} tokens, {model.n_threads} threads{activations})", file=sys.stderr, flush=True)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
         uvicorn.Server(config).run(sockets=[sock])
