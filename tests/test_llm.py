@@ -251,3 +251,11 @@ def test_logits_of_every_position_through_the_kv_cache():
         chunked.logits(ids * 2)
     # the refused call left the cache as it was: the sequence goes on after ids
     assert np.array_equal(chunked.logits([ids[0]]), np.asarray(llm.logits(ids[3:] + [ids[0]]))[-1:])
+
+
+@pytest.mark.model
+def test_unknown_activations_are_refused():
+    from ember.errors import EmberError
+
+    with pytest.raises(EmberError, match="activations must be one of int8, f32, got 'fp8'"):
+        ember.LLM("smollm2-135m", activations="fp8")
