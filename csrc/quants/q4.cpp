@@ -20,10 +20,15 @@ void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
   const block_q4_0* x = static_cast<const block_q4_0*>(src);
   for (int64_t b = 0; b < n / QK4_0; ++b) {
     const float d = fp16_to_fp32(x[b].d);
+#if defined(__AVX2__)
+    const __m256i q = _mm256_sub_epi8(unpack_nibbles_32(x[b].qs), _mm256_set1_epi8(8));
+    store_block_f32_32(q, _mm256_set1_ps(d), _mm256_setzero_ps(), dst + b * QK4_0);
+#else
     for (int j = 0; j < QK4_0 / 2; ++j) {
       dst[b * QK4_0 + j] = d * ((x[b].qs[j] & 0x0F) - 8);
       dst[b * QK4_0 + j + QK4_0 / 2] = d * ((x[b].qs[j] >> 4) - 8);
     }
+#endif
   }
 }
 
@@ -31,10 +36,14 @@ void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
   const block_q4_1* x = static_cast<const block_q4_1*>(src);
   for (int64_t b = 0; b < n / QK4_1; ++b) {
     const float d = fp16_to_fp32(x[b].d), m = fp16_to_fp32(x[b].m);
+#if defined(__AVX2__)
+    store_block_f32_32(unpack_nibbles_32(x[b].qs), _mm256_set1_ps(d), _mm256_set1_ps(m), dst + b * QK4_1);
+#else
     for (int j = 0; j < QK4_1 / 2; ++j) {
       dst[b * QK4_1 + j] = d * (x[b].qs[j] & 0x0F) + m;
       dst[b * QK4_1 + j + QK4_1 / 2] = d * (x[b].qs[j] >> 4) + m;
     }
+#endif
   }
 }
 
