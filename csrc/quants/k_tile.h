@@ -127,5 +127,29 @@ void vec_dot_k_tile(int64_t n, float* out, const void* vx, const void* vy) {
   k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), static_cast<const uint8_t*>(vy), 0);
 }
 
+// Dequantization through the unpacking the kernels use (k_panel.h's quants, scales, d, dmin,
+// kSub, kZeroShift): value = (d scale_j) (q - z) - dmin min_j.
+template <typename T>
+void dequantize_row_k(const void* src, float* dst, int64_t n) {
+  const typename T::BX* x = static_cast<const typename T::BX*>(src);
+  const __m256i zero_point = _mm256_set1_epi8(T::kZeroShift >= 0 ? static_cast<char>(1 << T::kZeroShift) : 0);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    __m256i q[8];
+    int32_t sc[16], mn[16] = {};
+    T::quants(x[b], q);
+    T::scales(x[b], sc, mn);
+    const float d = T::d(x[b]), dmin = T::dmin(x[b]);
+    float* out = dst + b * QK_K;
+    for (int v = 0; v < 8; ++v) {  // values 32 v .. 32 v + 31
+      const __m256i signed_q = _mm256_sub_epi8(q[v], zero_point);
+      const __m128i halves[2] = {_mm256_castsi256_si128(signed_q), _mm256_extracti128_si256(signed_q, 1)};
+      for (int h = 0; h < 2; ++h) {
+        const int j = (32 * v + 16 * h) / T::kSub;
+        store_f32_16(halves[h], _mm256_set1_ps(d * sc[j]), _mm256_set1_ps(-(dmin * mn[j])), out + 32 * v + 16 * h);
+      }
+    }
+  }
+}
+
 }  // namespace ember
 #endif

@@ -140,6 +140,7 @@ void register_q2_k(KernelTable& t) {
                                                vec_dot_q2_k_q8_k};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q2_K)].vec_dot = vec_dot_k_tile<Q2KTile>;
+  t.types[static_cast<int>(GGMLType::Q2_K)].dequantize_row = dequantize_row_k<Q2KTile>;
   t.types[static_cast<int>(GGMLType::Q2_K)].gemm_tile = gemm_tile_k<Q2KTile>;
 #endif
 #if defined(EMBER_HAS_K_PANELS)

@@ -183,6 +183,7 @@ void register_q3_k(KernelTable& t) {
                                                vec_dot_q3_k_q8_k};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q3_K)].vec_dot = vec_dot_k_tile<Q3KTile>;
+  t.types[static_cast<int>(GGMLType::Q3_K)].dequantize_row = dequantize_row_k<Q3KTile>;
   t.types[static_cast<int>(GGMLType::Q3_K)].gemm_tile = gemm_tile_k<Q3KTile>;
 #endif
 #if defined(EMBER_HAS_K_PANELS)

@@ -145,6 +145,7 @@ void register_q4_k(KernelTable& t) {
                                                vec_dot_q4_k_q8_k};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q4_K)].vec_dot = vec_dot_k_tile<Q4KTile>;
+  t.types[static_cast<int>(GGMLType::Q4_K)].dequantize_row = dequantize_row_k<Q4KTile>;
   t.types[static_cast<int>(GGMLType::Q4_K)].gemm_tile = gemm_tile_k<Q4KTile>;
 #endif
 #if defined(EMBER_HAS_K_PANELS)

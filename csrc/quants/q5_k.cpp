@@ -138,6 +138,7 @@ void register_q5_k(KernelTable& t) {
                                                vec_dot_q5_k_q8_k};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q5_K)].vec_dot = vec_dot_k_tile<Q5KTile>;
+  t.types[static_cast<int>(GGMLType::Q5_K)].dequantize_row = dequantize_row_k<Q5KTile>;
   t.types[static_cast<int>(GGMLType::Q5_K)].gemm_tile = gemm_tile_k<Q5KTile>;
 #endif
 #if defined(EMBER_HAS_K_PANELS)

@@ -26,6 +26,18 @@ inline void unpack_q6_half(const uint8_t* ql, const uint8_t* qh, int q[128]) {
   }
 }
 
+void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
+  const block_q6_K* x = static_cast<const block_q6_K*>(src);
+  int q[128];
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int h = 0; h < 2; ++h) {
+      unpack_q6_half(x[b].ql + 64 * h, x[b].qh + 32 * h, q);
+      for (int i = 0; i < 128; ++i) dst[b * QK_K + 128 * h + i] = d * x[b].scales[8 * h + i / 16] * (q[i] - 32);
+    }
+  }
+}
+
 #if defined(__AVX2__)
 // int16 scales for a half block in both lanes -> lane 0 holds scale k, lane 1 scale k + 1, in
 // every word: the scales for the 32 values of one chunk (two sub-blocks of 16).
@@ -87,30 +99,6 @@ struct Q6KTile {
   }
 };
 #endif
-
-void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
-  const block_q6_K* x = static_cast<const block_q6_K*>(src);
-  for (int64_t b = 0; b < n / QK_K; ++b) {
-    const float d = fp16_to_fp32(x[b].d);
-    float* out = dst + b * QK_K;
-#if defined(__AVX2__)
-    __m256i q[8];
-    Q6KTile::quants(x[b], q);
-    for (int v = 0; v < 8; ++v) {  // values 32 v .. 32 v + 31: sub-blocks 2 v and 2 v + 1
-      const __m256i signed_q = _mm256_sub_epi8(q[v], _mm256_set1_epi8(32));
-      for (int s = 0; s < 2; ++s)
-        store_f32_16(s == 0 ? _mm256_castsi256_si128(signed_q) : _mm256_extracti128_si256(signed_q, 1),
-                     _mm256_set1_ps(d * x[b].scales[2 * v + s]), _mm256_setzero_ps(), out + 32 * v + 16 * s);
-    }
-#else
-    int q[128];
-    for (int h = 0; h < 2; ++h) {
-      unpack_q6_half(x[b].ql + 64 * h, x[b].qh + 32 * h, q);
-      for (int i = 0; i < 128; ++i) out[128 * h + i] = d * x[b].scales[8 * h + i / 16] * (q[i] - 32);
-    }
-#endif
-  }
-}
 
 void vec_dot_q6_k_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
   const block_q6_K* x = static_cast<const block_q6_K*>(vx);
@@ -186,6 +174,7 @@ void register_q6_k(KernelTable& t) {
                                                vec_dot_q6_k_q8_k};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q6_K)].vec_dot = vec_dot_k_tile<Q6KTile>;
+  t.types[static_cast<int>(GGMLType::Q6_K)].dequantize_row = dequantize_row_k<Q6KTile>;
   t.types[static_cast<int>(GGMLType::Q6_K)].gemm_tile = gemm_tile_k<Q6KTile>;
 #endif
 #if defined(EMBER_HAS_K_PANELS)
