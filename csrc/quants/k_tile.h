@@ -6,7 +6,7 @@
 //   sums<C>(const BX&, const BY* const y[C], b, __m256i sum[C], __m256i mins[C])
 //                   super-block b's integer sums with each y, as 8 int32 lanes whose totals are
 //                   scaled_b and mins_b below (mins untouched without kMins)
-// (and for the kernels with tokens in lanes, k_panel.h's members).
+// (and for the kernels with tokens in lanes and dequantize_row_k, k_panel.h's members).
 //
 // Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
 // two exact integer sums,
