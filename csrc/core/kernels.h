@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/types.h"
 
@@ -41,6 +42,17 @@ using GemmPanelFn = void (*)(int64_t n, float* out, size_t out_stride, const voi
 inline const uint8_t* panel_at(const void* panels, int64_t n, int64_t p) {
   return static_cast<const uint8_t*>(panels) + p * panel_bytes(n);
 }
+// The blocking of the tile and panel kernels: f(std::integral_constant<int, S>{}, i) over
+// [0, n) in groups of Sizes, largest first: as many groups of the first size as fit from i = 0,
+// then of the next size, and so on down to the last, 1, which takes the rest.
+template <int... Sizes, typename F>
+inline void for_each_group(int n, F&& f) {
+  constexpr int sizes[] = {Sizes...};
+  static_assert(sizes[sizeof...(Sizes) - 1] == 1, "the last group size must be 1");
+  int i = 0;
+  ((void)[&] { for (; i + Sizes <= n; i += Sizes) f(std::integral_constant<int, Sizes>{}, i); }(), ...);
+}
+
 // f(panel, first token, tokens) for each panel of a GemmPanelFn's n_cols tokens.
 template <typename F>
 inline void for_each_panel(int64_t n, const void* panels, int n_cols, F&& f) {

@@ -106,7 +106,7 @@ void f32_block(int64_t n, float* out, size_t out_stride, const float* x, size_t 
 }
 
 // gemm_tile for F32 weights (and for dequantized rows under float activations): blocks of
-// kRows x kCols, the edges one dot product at a time, all in vec_dot_f32's order.
+// kRows x kCols, the edge rows and tokens in smaller blocks, all in vec_dot_f32's order.
 void gemm_tile_f32(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                    size_t y_stride, int n_rows, int n_cols) {
 #if defined(__AVX512F__)
@@ -116,15 +116,12 @@ void gemm_tile_f32(int64_t n, float* out, size_t out_stride, const void* vx, siz
 #endif
   const float *x = static_cast<const float*>(vx), *y = static_cast<const float*>(vy);
   const size_t xs = x_stride / sizeof(float), ys = y_stride / sizeof(float);
-  int r = 0;
-  for (; r + kRows <= n_rows; r += kRows) {
-    int c = 0;
-    for (; c + kCols <= n_cols; c += kCols)
-      f32_block<kRows, kCols>(n, out + c * out_stride + r, out_stride, x + r * xs, xs, y + c * ys, ys);
-    for (; c < n_cols; ++c) f32_block<kRows, 1>(n, out + c * out_stride + r, out_stride, x + r * xs, xs, y + c * ys, ys);
-  }
-  for (; r < n_rows; ++r)
-    for (int c = 0; c < n_cols; ++c) f32_block<1, 1>(n, out + c * out_stride + r, out_stride, x + r * xs, xs, y + c * ys, ys);
+  for_each_group<kRows, 1>(n_rows, [&](auto rows, int r) {
+    for_each_group<kCols, 1>(n_cols, [&](auto cols, int c) {
+      f32_block<decltype(rows)::value, decltype(cols)::value>(n, out + c * out_stride + r, out_stride, x + r * xs, xs,
+                                                               y + c * ys, ys);
+    });
+  });
 }
 #endif
 

@@ -157,9 +157,9 @@ void gemm_panel_k(int64_t n, float* out, size_t out_stride, const void* vx, size
   for_each_panel(n, panels, n_cols, [&](const uint8_t* panel, int c0, int cols) {
     const PanelKBlock* p = reinterpret_cast<const PanelKBlock*>(panel);
     float* o = out + c0 * out_stride;
-    int r = 0;
-    for (; r + 4 <= n_rows; r += 4) k_panel_kernel<T, 4>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
-    for (; r < n_rows; ++r) k_panel_kernel<T, 1>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    for_each_group<4, 1>(n_rows, [&](auto rows, int r) {
+      k_panel_kernel<T, decltype(rows)::value>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    });
   });
 }
 

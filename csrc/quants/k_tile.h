@@ -109,16 +109,14 @@ inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t
 template <typename T>
 void gemm_tile_k(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                  size_t y_stride, int n_rows, int n_cols) {
-  constexpr int kCols = 4;
   const int64_t nb = n / QK_K;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
   for (int r = 0; r < n_rows; ++r) {
     const uint8_t* row = x + r * x_stride;
-    int c = 0;
-    for (; c + kCols <= n_cols; c += kCols)
-      k_tile_cols<T, kCols>(nb, out + c * out_stride + r, out_stride, row, y + c * y_stride, y_stride);
-    for (; c < n_cols; ++c) k_tile_cols<T, 1>(nb, out + c * out_stride + r, out_stride, row, y + c * y_stride, y_stride);
+    for_each_group<4, 1>(n_cols, [&](auto cols, int c) {
+      k_tile_cols<T, decltype(cols)::value>(nb, out + c * out_stride + r, out_stride, row, y + c * y_stride, y_stride);
+    });
   }
 }
 

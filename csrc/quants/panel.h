@@ -313,10 +313,11 @@ void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
     const int rows = std::min(8, n_rows - r);
     float* o = out + r;
     const uint8_t* xr = x + r * x_stride;
-    int c = c0;
-    for (; c + 4 <= n_cols; c += 4) rows8_kernel<T, 4>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
-    for (; c + 2 <= n_cols; c += 2) rows8_kernel<T, 2>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
-    for (; c < n_cols; ++c) rows8_kernel<T, 1>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride, y_stride);
+    for_each_group<4, 2, 1>(n_cols - c0, [&](auto cols, int i) {
+      const int c = c0 + i;
+      rows8_kernel<T, decltype(cols)::value>(nb, o + c * out_stride, out_stride, xr, x_stride, rows, y + c * y_stride,
+                                             y_stride);
+    });
   }
 }
 
@@ -388,10 +389,9 @@ void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t
   for_each_panel(n, panels, n_cols, [&](const uint8_t* panel, int c0, int cols) {
     const PanelBlock* p = reinterpret_cast<const PanelBlock*>(panel);
     float* o = out + c0 * out_stride;
-    int r = 0;
-    for (; r + 8 <= n_rows; r += 8) panel_kernel<T, 8>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
-    for (; r + 4 <= n_rows; r += 4) panel_kernel<T, 4>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
-    for (; r < n_rows; ++r) panel_kernel<T, 1>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    for_each_group<8, 4, 1>(n_rows, [&](auto rows, int r) {
+      panel_kernel<T, decltype(rows)::value>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
+    });
   });
 }
 

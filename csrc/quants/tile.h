@@ -124,11 +124,9 @@ inline void tile_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t
 template <typename T, int R, int C>
 inline void tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride,
                       const uint8_t* y, size_t y_stride, int n_rows, const ActScales* ys, int col) {
-  int r = 0;
-  for (; r + R <= n_rows; r += R)
-    tile_kernel<T, R, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride, ys, col);
-  for (; r < n_rows; ++r)
-    tile_kernel<T, 1, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride, ys, col);
+  for_each_group<R, 1>(n_rows, [&](auto rows, int r) {
+    tile_kernel<T, decltype(rows)::value, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, y, y_stride, ys, col);
+  });
 }
 
 template <typename T>
@@ -140,13 +138,12 @@ void gemm_tile(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
   ActScales scales;
   scales.convert<typename T::BY, T::kOffset>(y, y_stride, n_cols, nb);
   const ActScales* ys = scales.ready ? &scales : nullptr;
-  int c = 0;
-  for (; c + 4 <= n_cols; c += 4)
-    tile_rows<T, 2, 4>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows, ys, c);
-  for (; c + 2 <= n_cols; c += 2)
-    tile_rows<T, 4, 2>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows, ys, c);
-  for (; c < n_cols; ++c)
-    tile_rows<T, 1, 1>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride, n_rows, ys, c);
+  // Rows per group: 2 with 4 tokens, 4 with 2, 1 with 1 (8 accumulators at most).
+  for_each_group<4, 2, 1>(n_cols, [&](auto cols, int c) {
+    constexpr int C = decltype(cols)::value;
+    tile_rows<T, C == 1 ? 1 : 8 / C, C>(nb, out + c * out_stride, out_stride, x, x_stride, y + c * y_stride, y_stride,
+                                        n_rows, ys, c);
+  });
 }
 
 // One row times one activation row, for the vec_dot slot of the kernel table.
