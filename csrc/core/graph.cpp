@@ -166,7 +166,7 @@ size_t Graph::node_work_size(const Node& n) const {
       // The activations, converted to the weight's vec_dot_type: one row per row of x.
       const Tensor &w = tensors_[n.src[0]], &x = tensors_[n.src[1]];
       // Float activations: per thread, kDequantRows weight rows dequantized to F32.
-      if (float_activations_ && w.type != GGMLType::F32)
+      if (dequantizes(w.type))
         return static_cast<size_t>(pool_.size()) * align_up(kDequantRows * w.ne0 * sizeof(float));
       GGMLType vdt = kernels_->of(w.type).vec_dot_type;
       if (vdt == GGMLType::F32) return 0;
@@ -312,7 +312,6 @@ const float* Graph::run(int64_t n_tokens, const int32_t* tokens, const int32_t* 
   ctx_.seq_ids = seq_ids;
   ctx_.output_rows = output_rows;
   ctx_.inputs = inputs;
-  ctx_.float_activations = float_activations_;
   pool_.run(run_task, this);
   return reinterpret_cast<const float*>(data(tensors_[output_], arena_.get()));
 }

@@ -92,7 +92,6 @@ struct ExecContext {
   const int32_t* seq_ids = nullptr;
   const int32_t* output_rows = nullptr;
   const float* const* inputs = nullptr;  // external F32 inputs, by Input node order
-  bool float_activations = false;  // matmuls dequantize weights and keep activations in F32
 
   int64_t base_rows(const Tensor& t) const {
     return t.ne1 == kRowsTokens ? n_tokens : t.ne1 == kRowsOutputs ? n_outputs : t.ne1;
@@ -149,6 +148,8 @@ class Graph {
   size_t kv_size() const;
   int n_threads() const { return pool_.size(); }
   bool float_activations() const { return float_activations_; }
+  // Whether a matmul over weights of this type dequantizes them (float activations, not F32).
+  bool dequantizes(GGMLType weight_type) const { return float_activations_ && weight_type != GGMLType::F32; }
   int64_t max_tokens() const { return max_tokens_; }
   int64_t max_outputs() const { return max_outputs_; }
   int64_t n_ctx() const { return n_ctx_; }

@@ -98,7 +98,7 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &y = out_tensor(ctx, n);
   const TypeKernels& tk = ctx.kernels->of(w.type);
   const int64_t K = w.ne0, N = w.ne1, M = ctx.rows(x);
-  if (ctx.float_activations && w.type != GGMLType::F32) return matmul_float(n, ctx, ith, nth);
+  if (ctx.graph->dequantizes(w.type)) return matmul_float(n, ctx, ith, nth);
 
   const uint8_t* act = ctx.graph->weight_or_data(x, ctx.arena);
   size_t act_stride = x.row_stride;
