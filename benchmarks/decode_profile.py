@@ -26,10 +26,10 @@ from pathlib import Path
 from membw import triad_table
 
 from ember.errors import EmberError
-from ember.generate import Continuation
-from ember.runtime import Model
-from ember.sampling import Sampler, SamplingParams
-from ember.tokenizer import Tokenizer
+from ember.engine.generate import Continuation
+from ember.engine.runtime import Model
+from ember.engine.sampling import Sampler, SamplingParams
+from ember.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m"
 TEXT = Path(__file__).resolve().parent / "data" / "public-domain-en.txt"

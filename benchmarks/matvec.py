@@ -30,7 +30,7 @@ import numpy as np
 from membw import triad_table
 
 from ember import _core
-from ember.quants import TYPES, GGMLType
+from ember.gguf.types import TYPES, GGMLType
 
 WEIGHT_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # Byte offsets of the f16 scale fields inside one block: random bytes elsewhere are valid quants.

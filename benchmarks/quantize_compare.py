@@ -40,7 +40,8 @@ from runner import (
 def make_float_model(source: Path, out: Path, float_type: str) -> Path:
     """The registry model with every tensor dequantized: F32, or F16 for tensors of 2+ dimensions."""
     from ember.gguf import GGUFValueType, GGUFWriter, open_gguf
-    from ember.quants import GGMLType
+    from ember.gguf.types import GGMLType
+    from ember.quant.reference import dequantize_tensor
 
     if out.exists():
         return out
@@ -52,7 +53,7 @@ def make_float_model(source: Path, out: Path, float_type: str) -> Path:
         for name, info in gguf.tensors.items():
             as_f16 = float_type == "f16" and len(info.shape) > 1
             dtype = np.float16 if as_f16 else np.float32
-            writer.add_tensor(name, (lambda i=info, d=dtype: [i.dequantize().astype(d)]),
+            writer.add_tensor(name, (lambda i=info, d=dtype: [dequantize_tensor(i).astype(d)]),
                               GGMLType.F16 if as_f16 else GGMLType.F32, info.shape)
         writer.write()
     return out
@@ -61,6 +62,7 @@ def make_float_model(source: Path, out: Path, float_type: str) -> Path:
 def compare_outputs(ember_path: Path, llama_path: Path, float_path: Path) -> dict:
     """Tensor-by-tensor comparison of two quantized files made from the same float file."""
     from ember.gguf import open_gguf
+    from ember.quant.reference import dequantize_tensor
 
     same, differ, type_mismatch, errors = 0, [], [], []
     with open_gguf(ember_path) as ours, open_gguf(llama_path) as theirs, open_gguf(float_path) as source:
@@ -73,9 +75,9 @@ def compare_outputs(ember_path: Path, llama_path: Path, float_path: Path) -> dic
             elif np.array_equal(mine.data, other.data):
                 same += 1
             else:
-                x = source.tensors[name].dequantize().astype(np.float64)
+                x = dequantize_tensor(source.tensors[name]).astype(np.float64)
                 scale = np.sqrt((x ** 2).mean())
-                err = [float(np.sqrt(((t.dequantize() - x) ** 2).mean()) / scale) for t in (mine, other)]
+                err = [float(np.sqrt(((dequantize_tensor(t) - x) ** 2).mean()) / scale) for t in (mine, other)]
                 differ.append(name)
                 errors.append({"tensor": name, "type": mine.type.name, "ember": err[0], "llama.cpp": err[1]})
         meta_same = ours.metadata.get("general.file_type") == theirs.metadata.get("general.file_type")

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ember.sampling import Sampler, SamplingParams, token_logprobs
+from ember.engine.sampling import Sampler, SamplingParams, token_logprobs
 
 BUDGET = 0.02
 CONFIGS = [
@@ -59,8 +59,8 @@ def adversarial_logits(n_vocab: int) -> np.ndarray:
 def real_logits_and_decode_ms(model_name: str, n_steps: int = 8):
     """(logits [n_positions, n_vocab], median decode ms), or None when the runtime cannot run it."""
     try:
-        from ember.runtime import Model
-        from ember.tokenizer import Tokenizer
+        from ember.engine.runtime import Model
+        from ember.tokenizer.tokenizer import Tokenizer
 
         model = Model(model_name, n_ctx=512)
         tokens = Tokenizer.from_gguf(model.gguf).encode(PROMPT)

@@ -71,7 +71,7 @@ def start_server(model: str, parallel: int, threads: int | None, n_ctx: int):
 def end_of_generation_ids(model: str) -> list[int]:
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
-    from ember.tokenizer import Tokenizer
+    from ember.tokenizer.tokenizer import Tokenizer
 
     return sorted(Tokenizer.from_gguf(open_gguf(resolve_model(model))).eog_ids)
 
@@ -122,7 +122,7 @@ def aggregate_speed(url: str, n_streams: int, n_tokens: int, banned: list[int]) 
 def decode_step_times(model_name: str, counts: list[int], threads: int | None, n_ctx: int,
                       repeat: int = 30) -> dict[int, tuple[float, float]]:
     """Median (wall, CPU) seconds of one Model.decode_batch step of each batch size."""
-    from ember.runtime import Model
+    from ember.engine.runtime import Model
 
     model = Model(model_name, n_ctx=n_ctx, n_seq=max(counts), n_threads=threads)
     prompt = list(range(100, 116))

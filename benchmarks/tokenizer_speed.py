@@ -29,7 +29,7 @@ from tokenizer_corpus import ENGLISH, corpus
 
 from ember.gguf import open_gguf
 from ember.hub import resolve_model
-from ember.tokenizer import Tokenizer
+from ember.tokenizer.tokenizer import Tokenizer
 
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")
 TEXT_BYTES = 1 << 18

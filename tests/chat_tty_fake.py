@@ -5,8 +5,8 @@ import sys
 
 from fake_llm import fake_llm
 
-from ember.chat_session import ChatSession, repl
-from ember.sampling import SamplingParams
+from ember.cli.chat import ChatSession, repl
+from ember.engine.sampling import SamplingParams
 
 if __name__ == "__main__":
     n_ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 4096

@@ -144,7 +144,7 @@ class TagTemplate:
 
 
 def fake_llm(next_logits=echo, n_ctx: int = 256, delay: float = 0.0, seed: int | None = None):
-    from ember.llm import LLM
+    from ember.api.llm import LLM
 
     model = FakeModel(next_logits, n_ctx=n_ctx, delay=delay)
     return LLM.from_components(model, ByteTokenizer(), TagTemplate(), name="fake", seed=seed)

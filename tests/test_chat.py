@@ -1,4 +1,4 @@
-"""ember.chat: chat templates render as transformers' apply_chat_template does, safely."""
+"""ember.tokenizer.chat_template: chat templates render as transformers' apply_chat_template does, safely."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tokenizer_support import FIXTURES, metadata
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from ember.chat import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError
+from ember.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError
 from ember.errors import EmberError
 
 TEMPLATES = json.loads((FIXTURES / "chat_templates.json").read_text(encoding="utf-8"))["templates"]

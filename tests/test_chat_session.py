@@ -14,9 +14,9 @@ import pytest
 from fake_llm import fake_llm
 
 import ember
-from ember.chat_session import ChatSession, repl
+from ember.cli.chat import ChatSession, repl
 from ember.errors import ContextFullError
-from ember.sampling import SamplingParams
+from ember.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 TESTS = Path(__file__).parent

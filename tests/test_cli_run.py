@@ -12,8 +12,8 @@ import pytest
 from fake_llm import ByteTokenizer, continuation, fake_llm
 
 import ember
-from ember import run_command
-from ember.cli import main
+from ember.cli import run as run_command
+from ember.cli.main import main
 
 SRC = Path(ember.__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -162,7 +162,7 @@ def test_an_unsupported_architecture_is_named(tmp_path):
     import numpy as np
 
     from ember.errors import GGUFError
-    from ember.runtime import Model
+    from ember.engine.runtime import Model
 
     path = tmp_path / "mamba.gguf"
     w = gguf.GGUFWriter(str(path), "mamba")
@@ -209,7 +209,7 @@ def test_real_model_run_prints_text_then_timings():
 
 @pytest.mark.model
 def test_activations_flag_reaches_the_model():
-    from ember.cli import build_parser
+    from ember.cli.main import build_parser
 
     for flags, float_activations in (([], False), (["--activations", "f32"], True)):
         llm, _ = run_command.load_llm(build_parser().parse_args(["run", *flags, "-c", "64", "hi"]))

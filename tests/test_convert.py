@@ -21,8 +21,8 @@ gguf = pytest.importorskip("gguf")
 safetensors = pytest.importorskip("safetensors")
 
 from ember import cli  # noqa: E402
-from ember.convert import convert  # noqa: E402
-from ember.convert_vocab import pre_tokenizer_name  # noqa: E402
+from ember.convert.hf_to_gguf import convert  # noqa: E402
+from ember.convert.vocab import pre_tokenizer_name  # noqa: E402
 from ember.errors import EmberError  # noqa: E402
 
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
@@ -237,7 +237,7 @@ def test_outtype_quantizes_matrices_like_gguf_and_keeps_vectors_f32(outtype, con
 
 
 def test_q8_0_file_runs_close_to_the_f32_file(converted, tmp_path):
-    from ember.runtime import Model
+    from ember.engine.runtime import Model
 
     hf_dir, _, _ = converted["llama"]
     tokens = list(range(3, 43))
@@ -357,7 +357,7 @@ def test_converted_vocabulary_tokenizes_like_the_source_tokenizer(tmp_path):
     from tokenizers import Tokenizer as HFTokenizer
 
     from ember.gguf import open_gguf
-    from ember.tokenizer import Tokenizer
+    from ember.tokenizer.tokenizer import Tokenizer
 
     _save(tmp_path, "qwen2", vocab_size=320)
     _byte_level_tokenizer(tmp_path, 300)

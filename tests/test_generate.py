@@ -5,8 +5,8 @@ import pytest
 from fake_llm import BOS, END, EOS, N_VOCAB, USER, ByteTokenizer, FakeModel, continuation, peaked_logits
 
 from ember.errors import ContextFullError, EmberError
-from ember.generate import Generation, SequenceCache, StopMatcher
-from ember.sampling import SamplingParams
+from ember.engine.generate import Generation, SequenceCache, StopMatcher
+from ember.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [BOS] + list(b"Say:")

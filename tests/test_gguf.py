@@ -1,4 +1,4 @@
-"""ember.gguf: the reader (against gguf.GGUFReader and hand-made bytes), the writer (files the gguf
+"""ember.gguf.reader: the reader (against gguf.GGUFReader and hand-made bytes), the writer (files the gguf
 package reads back), and validation of malformed files (GGUFError, never a crash or a huge
 allocation)."""
 
@@ -17,7 +17,8 @@ gguf = pytest.importorskip("gguf")
 
 from ember.errors import GGUFError, ModelNotFound  # noqa: E402
 from ember.gguf import GGUFValueType, GGUFWriter, StringArray, open_gguf  # noqa: E402
-from ember.quants import GGMLType, quantize  # noqa: E402
+from ember.gguf.types import GGMLType  # noqa: E402
+from ember.quant.reference import quantize  # noqa: E402
 
 V = GGUFValueType
 GV = gguf.GGUFValueType
@@ -361,7 +362,7 @@ def fill_ember_writer(w: GGUFWriter) -> None:
 
 
 def test_files_ember_writes_open_in_the_gguf_package(tmp_path):
-    path = tmp_path / "ember.gguf"
+    path = tmp_path / "ember.gguf.reader"
     w = GGUFWriter(path, "llama")
     fill_ember_writer(w)
     w.write()

@@ -15,7 +15,8 @@ import pytest
 
 import ember
 from ember import _core
-from ember.quants import GGMLType, dequantize, quantize
+from ember.gguf.types import GGMLType
+from ember.quant.reference import dequantize, quantize
 
 F32 = int(GGMLType.F32)
 ISAS = _core.available_isas()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ember import hub
-from ember.cli import main
+from ember.cli.main import main
 from ember.errors import DownloadError, ModelNotFound
 
 PART_A = b"GGUF" + bytes(range(256)) * 40

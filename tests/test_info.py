@@ -10,10 +10,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ember.cli import main
+from ember.cli.main import main
 from ember.gguf import GGUFValueType, GGUFWriter, open_gguf
-from ember.info import describe
-from ember.quants import GGMLType, quantize
+from ember.cli.info import describe
+from ember.gguf.types import GGMLType
+from ember.quant.reference import quantize
 
 TOKENS = ["<s>", "</s>", "a", "b", "ab"]
 
@@ -138,16 +139,16 @@ def test_system_says_when_the_build_lacks_it(capsys, monkeypatch):
 
 def test_memory_asks_the_runtime_for_the_plan(capsys, monkeypatch, tiny_model):
     calls = []
-    fake = types.ModuleType("ember.runtime")
+    fake = types.ModuleType("ember.engine.runtime")
     fake.planned_memory = lambda path, n_ctx: calls.append((path, n_ctx)) or {"weights_bytes": 3 << 20}
-    monkeypatch.setitem(sys.modules, "ember.runtime", fake)
+    monkeypatch.setitem(sys.modules, "ember.engine.runtime", fake)
     code, out, _ = run(capsys, tiny_model, "--memory")
     assert code == 0 and calls == [(tiny_model, None)]
     assert "weights_bytes      3.0 MiB" in out
 
 
 def test_memory_says_when_the_build_lacks_it(capsys, monkeypatch, tiny_model):
-    monkeypatch.setitem(sys.modules, "ember.runtime", types.ModuleType("ember.runtime"))
+    monkeypatch.setitem(sys.modules, "ember.engine.runtime", types.ModuleType("ember.engine.runtime"))
     code, _, err = run(capsys, tiny_model, "--memory")
     assert code == 2 and "memory planning is not available in this build" in err
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ember import _core
-from ember.quants import TYPES, GGMLType, dequantize, quantize
+from ember.gguf.types import TYPES, GGMLType
+from ember.quant.reference import dequantize, quantize
 
 ISAS = _core.available_isas()
 

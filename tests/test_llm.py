@@ -6,7 +6,7 @@ from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation
 
 import ember
 from ember.errors import ModelNotFound
-from ember.sampling import InvalidParameter
+from ember.engine.sampling import InvalidParameter
 
 USER_HI = [{"role": "user", "content": "hi"}]
 
@@ -25,7 +25,9 @@ def log_softmax(logits):
 
 
 def test_public_names():
-    assert ember.LLM is ember.llm.LLM and ember.load is ember.llm.load
+    import ember.api.llm
+
+    assert ember.LLM is ember.api.llm.LLM and ember.load is ember.api.llm.load
     assert ember.SamplingParams().top_k == 40
 
 
@@ -204,10 +206,10 @@ def test_greedy_tokens_match_llama_cpp_up_to_the_first_near_tie():
 
 @pytest.mark.model
 def test_a_template_that_writes_bos_gets_no_second_one():
-    from ember.chat import ChatTemplate
+    from ember.tokenizer.chat_template import ChatTemplate
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
-    from ember.tokenizer import Tokenizer
+    from ember.tokenizer.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(open_gguf(resolve_model("gemma3-270m")))  # adds BOS by itself
     template = ChatTemplate("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}"

@@ -23,7 +23,7 @@ def high_water_mark():
                 return int(line.split()[1]) * 1024
 
 baseline = high_water_mark()
-from ember.runtime import Model
+from ember.engine.runtime import Model
 model = Model(sys.argv[1], n_ctx=512, n_threads=1)
 for start in range(0, 480, 96):
     model.eval(list(range(start + 10, start + 106)))

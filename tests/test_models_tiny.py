@@ -25,8 +25,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ember.convert import convert  # noqa: E402
-from ember.runtime import Model  # noqa: E402
+from ember.convert.hf_to_gguf import convert  # noqa: E402
+from ember.engine.runtime import Model  # noqa: E402
 
 N_TOKENS = 40
 RTOL = 1e-4

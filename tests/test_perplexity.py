@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember.cli import main
+from ember.cli.main import main
 from ember.hub import resolve_model
-from ember.perplexity import perplexity, token_nll
-from ember.runtime import Model
-from ember.tokenizer import Tokenizer
+from ember.engine.perplexity import perplexity, token_nll
+from ember.engine.runtime import Model
+from ember.tokenizer.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent.parent / "benchmarks" / "data" / "public-domain-en.txt"
 

@@ -23,11 +23,12 @@ import pytest
 
 import ember
 from ember import _core
-from ember.cli import main
+from ember.cli.main import main
 from ember.gguf import GGUFWriter, open_gguf
-from ember.quantize import output_types, quantize_file
-from ember.quantize_presets import PRESETS
-from ember.quants import GGMLType, dequantize
+from ember.quant.quantize import output_types, quantize_file
+from ember.quant.presets import PRESETS
+from ember.gguf.types import GGMLType
+from ember.quant.reference import dequantize, dequantize_tensor
 
 gguf_quants = pytest.importorskip("gguf.quants")
 
@@ -59,7 +60,7 @@ def smollm_f32(name, rows=None):
     from ember.hub import resolve_model
 
     with open_gguf(resolve_model("smollm2-135m")) as gguf:
-        x = gguf.tensors[name].dequantize()
+        x = dequantize_tensor(gguf.tensors[name])
     if name == fixture("smollm2-135m")["edge_tensor"]:
         x = with_edge_rows(x)
     return np.ascontiguousarray(x[:rows])
@@ -191,7 +192,7 @@ def test_cli_quantizes_matrices_and_keeps_vectors(smollm_q8_0):
             else:
                 assert new.type == T.Q8_0, name
         for name in ["blk.0.attn_q.weight", "blk.29.ffn_down.weight"]:
-            expected = gguf_quants.quantize(a.tensors[name].dequantize(), gguf_quants.GGMLQuantizationType.Q8_0)
+            expected = gguf_quants.quantize(dequantize_tensor(a.tensors[name]), gguf_quants.GGMLQuantizationType.Q8_0)
             assert np.array_equal(b.tensors[name].array(), expected), name
 
 
@@ -229,7 +230,7 @@ def test_cli_output_runs_in_ember_like_the_original(smollm_q8_0):
     pytest.importorskip("transformers")
     from test_models_real import MARGINS, cosines, transformers_logits
 
-    from ember.runtime import Model
+    from ember.engine.runtime import Model
 
     source, out = smollm_q8_0
     ids, reference = transformers_logits(out)

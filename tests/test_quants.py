@@ -10,7 +10,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from ember.errors import EmberError, GGUFError  # noqa: E402
-from ember.quants import TYPES, GGMLType, dequantize, quantize, tensor_bytes, type_by_name  # noqa: E402
+from ember.gguf.types import TYPES, GGMLType, tensor_bytes, type_by_name  # noqa: E402
+from ember.quant.reference import dequantize, dequantize_tensor, quantize
 
 DEQUANTIZED_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -210,7 +211,7 @@ def test_quantize_matches_gguf_on_real_weights():
     from ember.hub import resolve_model
 
     with open_gguf(resolve_model("smollm2-135m")) as f:
-        weights = f.tensors["blk.0.attn_q.weight"].dequantize()
+        weights = dequantize_tensor(f.tensors["blk.0.attn_q.weight"])
     for name in QUANTIZED_TYPES:
         expected = np.ascontiguousarray(gguf.quants.quantize(weights, gguf_type(name))).view(np.uint8)
         assert same_bits(quantize(weights, type_by_name(name)), expected.reshape(weights.shape[0], -1)), name

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.errors import EmberError
-from ember.sampling import InvalidParameter, Sampler, SamplingParams, token_logprobs, top_k_ids
+from ember.engine.sampling import InvalidParameter, Sampler, SamplingParams, token_logprobs, top_k_ids
 
 QWEN_VOCAB = 151_936
 

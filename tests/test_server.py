@@ -21,10 +21,10 @@ import openai
 import pytest
 
 import ember
-from ember.cli import build_parser
-from ember.generate import Chunk
+from ember.cli.main import build_parser
+from ember.engine.generate import Chunk
 from ember.hub import resolve_model
-from ember.sampling import SamplingParams
+from ember.engine.sampling import SamplingParams
 from ember.server.metrics import Metrics
 from ember.server.scheduler import Finished, QueueFull, Scheduler
 from ember_server import ServerProcess, metric
@@ -86,7 +86,7 @@ def reference_completion(reference, prompt, **kwargs):
 
 @pytest.fixture(scope="module")
 def runtime():
-    from ember.runtime import Model
+    from ember.engine.runtime import Model
 
     model = Model(resolve_model(MODEL), n_ctx=N_CTX, n_seq=4)
     yield model

@@ -1,4 +1,4 @@
-"""ember.tokenizer: llama.cpp's token ids for GGUF vocabularies, decoding and streaming."""
+"""ember.tokenizer.tokenizer: llama.cpp's token ids for GGUF vocabularies, decoding and streaming."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from tokenizer_support import (
 from ember import cli
 from ember.errors import EmberError
 from ember.hub import resolve_model
-from ember.pretokenizers import PRE_TOKENIZERS
-from ember.tokenizer import Tokenizer
+from ember.tokenizer.pretokenizers import PRE_TOKENIZERS
+from ember.tokenizer.tokenizer import Tokenizer
 
 # -- vocabularies built by hand, for rules that need no model ------------------------------------
 
@@ -385,7 +385,7 @@ def test_cli_table_lists_each_id_with_its_text(capsys):
 
 def test_the_native_vocabulary_checks_every_offset_and_length():
     from ember import _core
-    from ember.gguf_strings import string_table
+    from ember.gguf.strings import string_table
 
     assert _core.TextIndex(*string_table(["dup", "x", "dup"])).find("dup") == 2  # the last, as llama.cpp
     raw, fields = string_table(["a", "", "b"])

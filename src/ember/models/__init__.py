@@ -1,14 +1,20 @@
-"""Architecture registry: general.architecture -> the module that builds its forward graph.
+"""Architecture registry: general.architecture -> the module that runs it.
 
-Each module has `hparams(gguf_file) -> HParams` and `build(builder) -> logits tensor id`.
-Adding an architecture is adding a file and a line here.
+Each module (models/<arch>.py, over the shared pieces in blocks.py) has
+- `hparams(gguf_file) -> HParams` and `build(builder) -> logits tensor id`: the forward graph;
+- `HF_ARCHITECTURES` and `Converter`: the Hugging Face classes `ember convert` turns into this
+  architecture's GGUF, with the tensor names and metadata keys llama.cpp's converter writes
+  (shared machinery in hf.py).
+
+Adding an architecture touches exactly: its model file, one line in ARCHITECTURES below, and
+one test (tests/models/test_<arch>.py).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from ember.errors import GGUFError
+from ember.errors import EmberError, GGUFError
 
 ARCHITECTURES = {
     "llama": "ember.models.llama",
@@ -19,7 +25,21 @@ ARCHITECTURES = {
 
 
 def architecture(name: str | None):
+    """The module of a GGUF architecture name; a GGUFError naming the supported ones otherwise."""
     if name not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise GGUFError(f"unsupported architecture {name!r} (ember runs: {supported})")
     return importlib.import_module(ARCHITECTURES[name])
+
+
+def converter_for(hf_architecture: str | None, config: dict):
+    """The converter of a Hugging Face model class (config.json `architectures[0]`)."""
+    converters = {}
+    for module_name in ARCHITECTURES.values():
+        module = importlib.import_module(module_name)
+        for hf_name in getattr(module, "HF_ARCHITECTURES", ()):
+            converters[hf_name] = module.Converter
+    if hf_architecture not in converters:
+        supported = ", ".join(sorted(converters))
+        raise EmberError(f"cannot convert architecture {hf_architecture!r} (ember converts {supported})")
+    return converters[hf_architecture](config)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember.errors import GGUFError
-from ember.quants import GGMLType
+from ember.gguf.types import GGMLType
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Builder:
         if t.type == GGMLType.F32 and add == 0.0:
             data = t.data
         else:
-            from ember.quants import dequantize
+            from ember.quant.reference import dequantize
 
             values = dequantize(t.data, t.type, t.shape).reshape(-1) + np.float32(add)
             data = np.ascontiguousarray(values, dtype=np.float32).view(np.uint8)

@@ -8,13 +8,23 @@ already include Gemma's +1."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from ember.errors import EmberError
 from ember.models.blocks import Builder, HParams
+from ember.models.hf import DECODER_LAYER, DecoderConverter, get, require
+
+HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
 
 LOCAL_ROPE_BASE = 10000.0
 SLIDING_PATTERN = 6
+
+
+def periodic_sliding(period: int, n_layer: int) -> list[bool]:
+    """Per layer, whether it slides: layer il is global when il % period == period - 1 (0: all slide)."""
+    return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
 def sliding_layers(metadata: dict, n_layer: int) -> list[bool]:
@@ -22,8 +32,7 @@ def sliding_layers(metadata: dict, n_layer: int) -> list[bool]:
     if isinstance(pattern, (list, tuple, np.ndarray)):
         flags = [bool(v) for v in pattern]
         return flags[:n_layer] + [False] * (n_layer - len(flags))
-    n = int(pattern)
-    return [n == 0 or il % n < n - 1 for il in range(n_layer)]
+    return periodic_sliding(int(pattern), n_layer)
 
 
 def attention_scale(b: Builder) -> float:
@@ -68,3 +77,72 @@ def build(b: Builder) -> int:
 
 def hparams(f) -> HParams:
     return HParams.from_gguf(f)
+
+
+HF_LAYER = {
+    **DECODER_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
+
+
+class Converter(DecoderConverter):
+    """Norms scaled by (1 + w) stored as 1 + w; sliding-window and global layers."""
+
+    arch = "gemma3"
+    layer_names = HF_LAYER
+
+    def __init__(self, config: dict):
+        config = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                  "max_position_embeddings": 131072, **{k: v for k, v in config.items() if v is not None}}
+        super().__init__(config)
+        if config.get("attn_logit_softcapping") is not None:
+            raise EmberError("Gemma 3 with attn_logit_softcapping is not supported")
+        self.sliding = _hf_sliding_layers(config, self.n_layer)
+
+    def metadata(self) -> dict[str, Any]:
+        c, a = self.config, self.arch
+        meta = super().metadata()
+        del meta[f"{a}.rope.dimension_count"]
+        meta[f"{a}.attention.key_length"] = self.head_dim
+        meta[f"{a}.attention.value_length"] = self.head_dim
+        meta.setdefault(f"{a}.rope.freq_base", 1_000_000.0)
+        local = self.rope.get("sliding_attention", {})
+        local_base = get(local, "rope_theta", default=get(c, "rope_local_base_freq"))
+        if local_base is not None:
+            meta[f"{a}.rope.freq_base_swa"] = float(local_base)
+        if c.get("final_logit_softcapping"):
+            meta[f"{a}.final_logit_softcapping"] = float(c["final_logit_softcapping"])
+        if any(self.sliding):
+            meta[f"{a}.attention.sliding_window"] = int(require(c, "sliding_window"))
+            meta[f"{a}.attention.sliding_window_pattern"] = self.sliding
+        scalar = c.get("query_pre_attn_scalar")
+        if scalar is not None and int(scalar) != self.head_dim:
+            meta[f"{a}.attention.scale"] = 1.0 / math.sqrt(float(scalar))
+        return meta
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        if hf_name == "lm_head.weight":
+            return None  # Gemma ties the LM head to the embedding
+        return super().gguf_name(hf_name)
+
+    def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
+        # Gemma3RMSNorm computes x * (1 + w); GGUF stores 1 + w so the norm is the plain x * w.
+        return values + np.float32(1.0) if hf_name.endswith("norm.weight") else values
+
+    def transforms(self, hf_name: str) -> bool:
+        return hf_name.endswith("norm.weight")
+
+
+def _hf_sliding_layers(config: dict, n_layer: int) -> list[bool]:
+    """Per layer: True for sliding-window attention (config layer_types, else every 6th is global)."""
+    layer_types = config.get("layer_types")
+    if layer_types:
+        if len(layer_types) != n_layer:
+            raise EmberError(f"config.json layer_types has {len(layer_types)} entries for {n_layer} layers")
+        return [t == "sliding_attention" for t in layer_types]
+    pattern = int(get(config, "sliding_window_pattern", "_sliding_window_pattern", default=SLIDING_PATTERN))
+    return periodic_sliding(pattern, n_layer)

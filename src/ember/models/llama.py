@@ -3,7 +3,12 @@ rotary attention (GQA) and a SwiGLU MLP. The LM head may be tied to the token em
 
 from __future__ import annotations
 
+import numpy as np
+
 from ember.models.blocks import Builder, HParams
+from ember.models.hf import DecoderConverter, llama3_rope_factors, permute_rope_rows
+
+HF_ARCHITECTURES = ("LlamaForCausalLM",)
 
 
 def attention_layer(b: Builder, x: int, il: int, neox: bool) -> int:
@@ -34,3 +39,25 @@ def build(b: Builder) -> int:
 
 def hparams(f) -> HParams:
     return HParams.from_gguf(f)
+
+
+class Converter(DecoderConverter):
+    arch = "llama"
+
+    def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
+        # GGUF llama rotates adjacent pairs (x0, x1), (x2, x3)...; Hugging Face rotates the halves
+        # (x_i, x_{i+d/2}) of each head. Reorder each head's rows so the two agree (llama.cpp permute).
+        if hf_name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            return permute_rope_rows(values, self.n_head)
+        if hf_name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            return permute_rope_rows(values, self.n_kv_head)
+        return values
+
+    def transforms(self, hf_name: str) -> bool:
+        return hf_name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"))
+
+    def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
+        rope = self.rope.get("full_attention", self.rope)
+        if str(rope.get("rope_type", "")).lower() != "llama3":
+            return []
+        return [("rope_freqs.weight", llama3_rope_factors(rope, self.head_dim))]

@@ -20,9 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ember.api.openai_format import ResponseFormat
+from ember.engine.sampling import SamplingParams
 from ember.errors import ContextFullError, EmberError
-from ember.openai_format import ResponseFormat
-from ember.sampling import SamplingParams
 from ember.server.metrics import Metrics
 from ember.server.scheduler import QueueFull, Scheduler
 from ember.server.schemas import (

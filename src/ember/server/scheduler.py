@@ -26,10 +26,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ember.api.openai_format import usage
+from ember.engine.generate import Chunk, Continuation, SequenceCache
+from ember.engine.sampling import Sampler, SamplingParams
 from ember.errors import ContextFullError, EmberError
-from ember.generate import Chunk, Continuation, SequenceCache
-from ember.openai_format import usage
-from ember.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("ember.server")
 

@@ -16,6 +16,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from ember.engine.sampling_params import CHAT_TEMPERATURE
+from ember.engine.sampling_params import DEFAULTS as D
+
 MAX_TOKENS_LIMIT = 2**31 - 1
 MAX_STOPS = 16
 MAX_LOGPROBS = 20
@@ -102,14 +105,14 @@ class Sampling(_Request):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
     temperature: Number | None = Field(None, ge=0, le=2)
-    top_p: Number = Field(0.95, ge=0, le=1)
-    top_k: StrictInt = Field(40, ge=0, le=MAX_TOKENS_LIMIT)
-    min_p: Number = Field(0.05, ge=0, le=1)
+    top_p: Number = Field(D.top_p, ge=0, le=1)
+    top_k: StrictInt = Field(D.top_k, ge=0, le=MAX_TOKENS_LIMIT)
+    min_p: Number = Field(D.min_p, ge=0, le=1)
     seed: StrictInt | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: Annotated[Any, AfterValidator(_stop), Field(validate_default=True)] = None
-    presence_penalty: Number = Field(0.0, ge=-2, le=2)
-    frequency_penalty: Number = Field(0.0, ge=-2, le=2)
-    repeat_penalty: Number = Field(1.0, gt=0, le=10)
+    presence_penalty: Number = Field(D.presence_penalty, ge=-2, le=2)
+    frequency_penalty: Number = Field(D.frequency_penalty, ge=-2, le=2)
+    repeat_penalty: Number = Field(D.repeat_penalty, gt=0, le=10)
     logit_bias: dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -133,7 +136,7 @@ class CompletionRequest(Sampling):
     best_of: StrictInt = Field(1, ge=1, le=1)
 
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16
-    DEFAULT_TEMPERATURE: ClassVar[float] = 0.8
+    DEFAULT_TEMPERATURE: ClassVar[float] = D.temperature
 
     @property
     def max_new_tokens(self) -> int:
@@ -162,7 +165,7 @@ class ChatRequest(Sampling):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
-    DEFAULT_TEMPERATURE: ClassVar[float] = 0.2
+    DEFAULT_TEMPERATURE: ClassVar[float] = CHAT_TEMPERATURE
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -20,7 +20,7 @@ import weakref
 from collections import deque
 from typing import AsyncIterator
 
-from ember.openai_format import ResponseFormat
+from ember.api.openai_format import ResponseFormat
 from ember.server.scheduler import Failed, Finished, Job, Scheduler
 from ember.server.schemas import APIError, error_body
 

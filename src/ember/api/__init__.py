@@ -1,0 +1,1 @@
+"""The Python API: `LLM` (llama-cpp-python-shaped) and OpenAI-shaped responses."""

@@ -1,0 +1,247 @@
+"""The Python API: `LLM`, modelled on llama-cpp-python's `Llama`.
+
+    import ember
+    llm = ember.LLM("smollm2-135m", n_ctx=2048, seed=42)
+    print(llm.generate("The capital of France is", max_tokens=16, temperature=0))
+    for piece in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
+        print(piece, end="", flush=True)
+
+`create_completion` and `create_chat_completion` return OpenAI-shaped dicts (or iterators of
+chunks with stream=True). An LLM holds one KV-cache sequence: a request that shares a prefix
+with the previous one (a chat history) only evaluates what is new. It is not thread-safe:
+start a request only once the previous one is finished (a newer request ends an unfinished
+stream).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ember.api.openai_format import ResponseFormat, usage
+from ember.engine.generate import Generation, SequenceCache
+from ember.engine.load import Loaded, chat_template_of
+from ember.engine.load import load as load_model
+from ember.engine.sampling_params import CHAT_TEMPERATURE, SamplingParams
+from ember.engine.sampling_params import DEFAULTS as D
+
+Message = Mapping[str, str]
+
+
+class LLM:
+    """A model, its tokenizer and chat template, ready to generate.
+
+    model: a registry name (pulled into the cache when missing, see `ember list`) or a .gguf path.
+    n_ctx: context length in tokens (default: the model's, capped at 4096).
+    n_threads: compute threads (default: the physical cores).
+    seed: makes every request without its own seed reproducible: per-request seeds are drawn
+      from a generator seeded with it (default: a fresh random seed per request).
+    n_batch: prompt tokens evaluated per step.
+    activations: "int8" (default, 8-bit activations and integer dot products, as llama.cpp) or
+      "f32" (dequantized weights, unrounded activations: closest to a float reference, slower).
+    """
+
+    def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
+                 seed: int | None = None, n_batch: int = 512, activations: str = "int8"):
+        loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations)
+        self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed)
+
+    @classmethod
+    def from_loaded(cls, loaded: Loaded, seed: int | None = None) -> "LLM":
+        """An LLM over what `ember.engine.load.load` returned (the server builds its model so)."""
+        return cls.from_components(loaded.model, loaded.tokenizer, loaded.chat_template, loaded.name, seed)
+
+    @classmethod
+    def from_components(cls, model, tokenizer, chat_template=None, name: str = "model",
+                        seed: int | None = None) -> "LLM":
+        """An LLM over an already built runtime model, tokenizer and (optional) chat template."""
+        llm = cls.__new__(cls)
+        llm._setup(model, tokenizer, chat_template, name, seed)
+        return llm
+
+    def _setup(self, model, tokenizer, chat_template, name: str, seed: int | None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self._chat_template = chat_template
+        self._seeds = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
+        self._cache = SequenceCache(model)
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def chat_template(self):
+        if self._chat_template is None:
+            self._chat_template = chat_template_of(self.model.gguf)
+        return self._chat_template
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of text; `special=True` turns special-token text (e.g. "<|im_end|>") into its id."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return self.tokenizer.encode(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """Text of token ids; special tokens (BOS, end of turn, ...) are rendered only with special=True."""
+        return self.tokenizer.decode(list(tokens), skip_special=not special)
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """A prompt's ids: special-token text is parsed, and BOS is added unless the text starts with it."""
+        bos = self.tokenizer.bos_id
+        has_bos = bos is not None and text.startswith(self.tokenizer.token_bytes(bos).decode("utf-8", "replace"))
+        return self.tokenizer.encode(text, add_special=not has_bos, parse_special=True)
+
+    def chat_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """The ids of messages rendered by the model's chat template (BOS not doubled)."""
+        text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
+        return self.prompt_tokens(text)
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The logits of every position of token_ids, float32 [len(token_ids), n_vocab].
+
+        Evaluation is incremental through the KV cache: the tokens continue the sequence the
+        cache holds (what earlier calls evaluated, so `logits(prompt)` then `logits([next_id])`
+        gives the next position without evaluating the prompt again; after a generation
+        request, its prompt and completion) until `reset()`. Prompts longer than n_batch are
+        evaluated in chunks. Tokens that would overflow the context raise ContextFullError and
+        leave the cache as it was.
+        """
+        return self._cache.eval(list(token_ids), logits="all")
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generation(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                   max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
+                   logprobs: int | None = None) -> Generation:
+        """A `Generation` (an iterator of chunks with counts and timings) for a prompt text or ids."""
+        tokens = self.prompt_tokens(prompt) if isinstance(prompt, str) else list(prompt)
+        params = params or SamplingParams()
+        if params.seed is None and self._seeds is not None:
+            params = _with_seed(params, int(self._seeds.integers(2**32)))
+        return Generation(self.model, self.tokenizer, tokens, params, max_tokens=max_tokens, stop=stop,
+                          logprobs=logprobs, cache=self._cache)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
+                 temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
+                 min_p: float = D.min_p, repeat_penalty: float = D.repeat_penalty,
+                 stop: Sequence[str] | str | None = None, seed: int | None = None, stream: bool = False,
+                 **sampling) -> str | Iterator[str]:
+        """Continue a prompt: the generated text, or an iterator of its pieces with stream=True.
+
+        More sampling options (frequency_penalty, presence_penalty, repeat_last_n, logit_bias)
+        are accepted as keywords; see `SamplingParams`. max_tokens=None: until the model stops.
+        """
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, seed=seed, **sampling)
+        generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop)
+        return _pieces(generation) if stream else generation.text()
+
+    def chat(self, messages: Sequence[Message], max_tokens: int | None = None,
+             temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
+             min_p: float = D.min_p, repeat_penalty: float = D.repeat_penalty,
+             stop: Sequence[str] | str | None = None, seed: int | None = None, stream: bool = False,
+             **sampling) -> str | Iterator[str]:
+        """The assistant's reply to messages ([{"role": ..., "content": ...}]) through the chat template."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, seed=seed, **sampling)
+        generation = self.generation(self.chat_tokens(messages), params, max_tokens=max_tokens, stop=stop)
+        return _pieces(generation) if stream else generation.text()
+
+    # -- OpenAI-shaped -----------------------------------------------------------------------
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16,
+                          temperature: float = D.temperature, top_p: float = D.top_p, min_p: float = D.min_p,
+                          top_k: int = D.top_k, stop: Sequence[str] | str | None = None, stream: bool = False,
+                          logprobs: int | None = None, seed: int | None = None,
+                          repeat_penalty: float = D.repeat_penalty, frequency_penalty: float = D.frequency_penalty,
+                          presence_penalty: float = D.presence_penalty,
+                          logit_bias: Mapping[int | str, float] | None = None) -> dict | Iterator[dict]:
+        """A text completion as OpenAI's /v1/completions returns it (`choices[0].text`, `usage`).
+
+        logprobs=n adds the chosen tokens' log-probabilities and the n most likely alternatives.
+        """
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed)
+        generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop, logprobs=logprobs)
+        response = ResponseFormat(False, self.name, self.tokenizer, logprobs=logprobs is not None)
+        return _respond(generation, response, stream)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Sequence[Message], temperature: float = CHAT_TEMPERATURE,
+                               top_p: float = D.top_p, top_k: int = D.top_k, min_p: float = D.min_p,
+                               stream: bool = False, stop: Sequence[str] | str | None = None,
+                               seed: int | None = None, max_tokens: int | None = None,
+                               presence_penalty: float = D.presence_penalty,
+                               frequency_penalty: float = D.frequency_penalty,
+                               repeat_penalty: float = D.repeat_penalty,
+                               logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None) -> dict | Iterator[dict]:
+        """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`)."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed)
+        n_logprobs = (top_logprobs or 0) if logprobs else None
+        generation = self.generation(self.chat_tokens(messages), params, max_tokens=max_tokens, stop=stop,
+                                     logprobs=n_logprobs)
+        response = ResponseFormat(True, self.name, self.tokenizer, logprobs=bool(logprobs))
+        return _respond(generation, response, stream)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the cached tokens: the next request, or `logits` call, starts from position 0."""
+        self._cache.clear()
+
+    def close(self) -> None:
+        close = getattr(self.model, "close", None)
+        if close:
+            close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(model: str | os.PathLike, **kwargs) -> LLM:
+    """`LLM(model, **kwargs)`: load a registry model or a .gguf file."""
+    return LLM(model, **kwargs)
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return replace(params, seed=seed)
+
+
+def _pieces(generation: Generation) -> Iterator[str]:
+    for chunk in generation:
+        if chunk.text:
+            yield chunk.text
+
+
+def _respond(generation: Generation, response: ResponseFormat, stream: bool) -> dict | Iterator[dict]:
+    if stream:
+        return response.stream(generation, lambda: generation.finish_reason)
+    texts, entries = [], []
+    for chunk in generation:
+        texts.append(chunk.text)
+        entries.extend(chunk.logprobs)
+    return response.whole("".join(texts), entries, generation.finish_reason,
+                          usage(generation.n_prompt, generation.n_generated))

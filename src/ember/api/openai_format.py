@@ -1,0 +1,133 @@
+"""OpenAI-shaped results of text and chat completions, whole or as a stream of chunks.
+
+The Python API (`LLM.create_completion`, `LLM.create_chat_completion`) and the HTTP server
+build their responses here, so both speak the same format:
+
+- completion: `{"id": "cmpl-…", "object": "text_completion", "choices": [{"text", "index",
+  "logprobs", "finish_reason"}], "usage"}`; logprobs in the legacy format (parallel lists
+  `tokens`, `text_offset`, `token_logprobs`, `top_logprobs` as {token text: logprob}).
+- chat: `{"id": "chatcmpl-…", "object": "chat.completion", "choices": [{"index", "message":
+  {"role": "assistant", "content"}, "logprobs", "finish_reason"}], "usage"}`; logprobs as
+  `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`.
+- a stream: chunks sharing one id; chat opens with a `{"role": "assistant"}` delta; the last
+  chunk carries the finish_reason; `usage_chunk` (OpenAI's stream_options.include_usage) has
+  empty choices and the usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Iterable
+
+from ember.engine.generate import Chunk, TokenLogprob
+
+
+def usage(n_prompt: int, n_generated: int) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_generated, "total_tokens": n_prompt + n_generated}
+
+
+class ResponseFormat:
+    """The shapes of one response (chat or text completion) of the model named `model`."""
+
+    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False):
+        self.chat = chat
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self._text_template: tuple[str, ...] | None = None  # (head, tail), or () when unusable
+
+    def whole(self, text: str, entries: list[TokenLogprob], finish_reason: str | None, usage: dict) -> dict:
+        logprobs = self._logprobs(entries) if self.logprobs else None
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": usage}
+
+    def opening_chunks(self) -> list[dict]:
+        """The chunks a stream starts with: chat announces the assistant's role."""
+        if not self.chat:
+            return []
+        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})]
+
+    def chunk(self, chunk: Chunk) -> dict | None:
+        """The stream chunk of a piece of generated text (None when it holds nothing)."""
+        if not chunk.text and not chunk.logprobs:
+            return None
+        logprobs = self._logprobs(chunk.logprobs) if self.logprobs else None
+        if self.chat:
+            return self._chunk({"index": 0, "delta": {"content": chunk.text}, "logprobs": logprobs,
+                                "finish_reason": None})
+        return self._chunk({"text": chunk.text, "index": 0, "logprobs": logprobs, "finish_reason": None})
+
+    def chunk_json(self, chunk: Chunk) -> str | None:
+        """`chunk(chunk)` as JSON (ensure_ascii off). Without logprobs only the text differs from
+        chunk to chunk, so it is written into a template of the rest."""
+        if self.logprobs or (not chunk.text and not chunk.logprobs):
+            shaped = self.chunk(chunk)
+            return None if shaped is None else json.dumps(shaped, ensure_ascii=False)
+        if self._text_template is None:
+            marker = "\x00\x01\x02"
+            parts = json.dumps(self.chunk(Chunk(marker, [])), ensure_ascii=False).split(json.dumps(marker))
+            self._text_template = (parts[0], parts[1]) if len(parts) == 2 else ()
+        if not self._text_template:  # the marker occurs elsewhere (in the model's name)
+            return json.dumps(self.chunk(chunk), ensure_ascii=False)
+        head, tail = self._text_template
+        return head + json.dumps(chunk.text, ensure_ascii=False) + tail
+
+    def closing_chunk(self, finish_reason: str | None) -> dict:
+        if self.chat:
+            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
+        return self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason})
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return {**self._head(self._chunk_object), "choices": [], "usage": usage}
+
+    def stream(self, chunks: Iterable[Chunk], finish_reason) -> Iterable[dict]:
+        """All the stream chunks of `chunks`; `finish_reason()` is asked once they are exhausted."""
+        yield from self.opening_chunks()
+        for chunk in chunks:
+            shaped = self.chunk(chunk)
+            if shaped is not None:
+                yield shaped
+        yield self.closing_chunk(finish_reason())
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _head(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _chunk(self, choice: dict) -> dict:
+        return {**self._head(self._chunk_object), "choices": [choice]}
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict:
+        return self._chat_logprobs(entries) if self.chat else self._completion_logprobs(entries)
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    def _completion_logprobs(self, entries: list[TokenLogprob]) -> dict:
+        """The legacy completions format: parallel lists, alternatives as {token text: logprob}."""
+        return {
+            "tokens": [self._token_text(e.token) for e in entries],
+            "text_offset": [e.text_offset for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self._token_text(t): lp for t, lp in e.top} for e in entries],
+        }
+
+    def _chat_logprobs(self, entries: list[TokenLogprob]) -> dict:
+        def item(token: int, logprob: float) -> dict:
+            return {"token": self._token_text(token), "logprob": logprob,
+                    "bytes": list(self.tokenizer.token_bytes(token))}
+
+        return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                            for e in entries]}

@@ -1,0 +1,146 @@
+"""`ember bench`: prompt processing (pp) and text generation (tg) speed, llama-bench style.
+
+pp N: one batch of N random tokens from an empty cache. tg N: N tokens decoded one at a time
+from an empty cache. Each test runs once to warm up, then `repetitions` times; tokens/s are
+reported as mean ± sample standard deviation, with llama-bench's JSON field names.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ember.hub import resolve_model
+from ember.sysinfo import physical_cores
+
+
+@dataclass
+class BenchResult:
+    model: str
+    type: str
+    model_size: int
+    model_n_params: int
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    test: str
+    avg_ts: float
+    stddev_ts: float
+    samples_ts: list = field(default_factory=list)
+    load_ms: float = 0.0
+    peak_rss_bytes: int = 0
+    isa: str = ""
+    activations: str = "int8"
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _random_tokens(n: int, n_vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
+
+
+def prompt_speeds(model, n_prompt: int, repetitions: int) -> list[float]:
+    tokens = _random_tokens(n_prompt, model.n_vocab, 1)
+
+    def once():
+        model.reset()
+        model.eval(tokens)
+
+    once()  # warm-up
+    return [n_prompt / _timed(once) for _ in range(repetitions)]
+
+
+def generation_speeds(model, n_gen: int, repetitions: int) -> list[float]:
+    tokens = _random_tokens(n_gen, model.n_vocab, 2)
+
+    def once():
+        model.reset()
+        for t in tokens:
+            model.eval([t])
+
+    once()
+    return [n_gen / _timed(once) for _ in range(repetitions)]
+
+
+def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=None, repetitions: int = 5,
+              progress=None, activations: str = "int8") -> list[BenchResult]:
+    from ember.cli.info import describe
+    from ember.engine.load import load
+
+    path = resolve_model(model_ref)  # a pull is not part of the load time
+    results = []
+    for n_threads in threads or [physical_cores()]:
+        start = time.perf_counter()
+        loaded = load(path, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads, n_batch=max(n_prompt, 1),
+                      activations=activations)
+        model = loaded.model
+        load_ms = (time.perf_counter() - start) * 1000
+        summary = describe(loaded.gguf)
+        base = dict(model=summary.get("name") or path.stem, type=summary.get("file_type", ""),
+                    model_size=path.stat().st_size, model_n_params=int(summary.get("parameters", 0)),
+                    n_threads=n_threads, load_ms=load_ms, isa=model.graph.isa, activations=activations)
+        for test, n, measure in (("pp", n_prompt, prompt_speeds), ("tg", n_gen, generation_speeds)):
+            if n <= 0:
+                continue
+            if progress:
+                progress(f"{test}{n} with {n_threads} thread(s)...")
+            speeds = measure(model, n, repetitions)
+            results.append(BenchResult(
+                **base, n_prompt=n if test == "pp" else 0, n_gen=n if test == "tg" else 0, test=f"{test}{n}",
+                avg_ts=statistics.fmean(speeds), stddev_ts=statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
+                samples_ts=speeds, peak_rss_bytes=peak_rss_bytes()))
+        model.close()
+    return results
+
+
+def format_markdown(results: list[BenchResult]) -> str:
+    lines = ["| model | size | params | isa | threads | test | t/s |", "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for r in results:
+        isa = r.isa if r.activations == "int8" else f"{r.isa}, {r.activations} activations"
+        lines.append(f"| {r.model} {r.type} | {r.model_size / 2**20:.2f} MiB | {r.model_n_params / 1e6:.2f} M | {isa} "
+                     f"| {r.n_threads} | {r.test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |")
+    if results:
+        lines.append("")
+        lines.append(f"load: {results[0].load_ms:.0f} ms, peak RSS: {max(r.peak_rss_bytes for r in results) / 2**20:.0f} MiB")
+    return "\n".join(lines)
+
+
+def format_csv(results: list[BenchResult]) -> str:
+    out = io.StringIO()
+    rows = [{k: v for k, v in asdict(r).items() if k != "samples_ts"} for r in results]
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def cli_bench(args) -> int:
+    def progress(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    results = run_bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, progress,
+                        args.activations)
+    if args.output == "json":
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    elif args.output == "csv":
+        print(format_csv(results), end="")
+    else:
+        print(format_markdown(results))
+    return 0

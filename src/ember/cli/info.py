@@ -1,0 +1,208 @@
+"""`ember info MODEL`: what a GGUF file holds; `--tensors` lists them, `--json` for machines.
+
+`--system` describes the machine (ember.sysinfo) and `--memory` the memory a model will use
+(ember.runtime); both come from parts of ember that may be missing from a build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.errors import EmberError
+from ember.gguf import GGUFFile, open_gguf
+from ember.gguf.types import file_type_name
+
+TOKENIZER_KINDS = {"gpt2": "BPE", "llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram",
+                   "rwkv": "RWKV", "plamo2": "PLaMo-2"}
+
+
+def cli_info(args) -> int:
+    report: dict[str, Any] = {}
+    if args.system:
+        report["system"] = _system_info()
+    if args.model:
+        path = _resolve(args.model)
+        with open_gguf(path) as f:
+            report["model"] = describe(f)
+            if args.tensors:
+                report["tensors"] = list_tensors(f)
+        if args.memory:
+            report["memory"] = _planned_memory(path, getattr(args, "ctx_size", None))
+    elif not args.system:
+        raise EmberError("ember info needs a MODEL (registry name or .gguf path), or --system")
+    elif args.tensors or args.memory:
+        raise EmberError("--tensors and --memory need a MODEL")
+    print(json.dumps(report, indent=2, default=_plain) if args.json else render(report))
+    return 0
+
+
+def describe(f: GGUFFile) -> dict[str, Any]:
+    """The facts `ember info` shows about a model file, as plain JSON-able values."""
+    heads = _plain(f.field("attention.head_count", None))
+    embedding = _plain(f.field("embedding_length", None))
+    head_dim = _plain(f.field("attention.key_length", None))
+    if head_dim is None and isinstance(heads, int) and isinstance(embedding, int) and heads:
+        head_dim = embedding // heads
+    tokens = f.get("tokenizer.ggml.tokens")
+    file_type = f.get("general.file_type")
+    histogram = Counter(t.type.name for t in f.tensors.values())
+    return {
+        "path": str(f.path),
+        "file_size": f.size,
+        "gguf_version": f.version,
+        "architecture": f.arch,
+        "name": f.get("general.name"),
+        "parameters": sum(t.n_elements for t in f.tensors.values()),
+        "file_type": None if file_type is None else file_type_name(int(file_type)),
+        "tensor_count": len(f.tensors),
+        "tensor_types": dict(histogram.most_common()),
+        "context_length": _plain(f.field("context_length", None)),
+        "embedding_length": embedding,
+        "layers": _plain(f.field("block_count", None)),
+        "heads": heads,
+        "kv_heads": _plain(f.field("attention.head_count_kv", None)),
+        "head_dim": head_dim,
+        "feed_forward_length": _plain(f.field("feed_forward_length", None)),
+        "vocab_size": len(tokens) if tokens is not None else _plain(f.field("vocab_size", None)),
+        "tokenizer": f.get("tokenizer.ggml.model"),
+        "tokenizer_pre": f.get("tokenizer.ggml.pre"),
+        "chat_template": "tokenizer.chat_template" in f.metadata,
+    }
+
+
+def list_tensors(f: GGUFFile) -> list[dict[str, Any]]:
+    return [{"name": t.name, "type": t.type.name, "shape": list(t.shape), "offset": t.offset}
+            for t in f.tensors.values()]
+
+
+# ---------------------------------------------------------------------- text output
+
+def render(report: dict[str, Any]) -> str:
+    sections = []
+    if "model" in report:
+        sections.append(_render_model(report["model"]))
+    if "tensors" in report:
+        sections.append(_render_tensors(report["tensors"]))
+    if "memory" in report:
+        sections.append(_render_mapping("memory", report["memory"]))
+    if "system" in report:
+        sections.append(_render_mapping("system", report["system"]))
+    return "\n\n".join(sections)
+
+
+def _render_model(m: dict[str, Any]) -> str:
+    types = ", ".join(f"{n} {name}" for name, n in m["tensor_types"].items())
+    rows = [
+        ("model", f"{m['path']} ({_human_bytes(m['file_size'])}, GGUF v{m['gguf_version']})"),
+        ("architecture", m["architecture"]),
+        ("name", m["name"]),
+        ("parameters", _human_count(m["parameters"])),
+        ("file type", m["file_type"]),
+        ("tensors", f"{m['tensor_count']}: {types}" if types else "0"),
+        ("context", m["context_length"]),
+        ("embedding", m["embedding_length"]),
+        ("layers", m["layers"]),
+        ("heads", _heads(m)),
+        ("feed forward", m["feed_forward_length"]),
+        ("vocabulary", _vocabulary(m)),
+        ("chat template", "yes" if m["chat_template"] else "no"),
+    ]
+    return "\n".join(f"{label:<14} {'-' if value is None else value}" for label, value in rows)
+
+
+def _heads(m: dict[str, Any]) -> str | None:
+    if m["heads"] is None:
+        return None
+    text = str(m["heads"])
+    if m["kv_heads"] is not None:
+        text += f" ({m['kv_heads']} KV)"
+    if m["head_dim"] is not None:
+        text += f", head dim {m['head_dim']}"
+    return text
+
+
+def _vocabulary(m: dict[str, Any]) -> str | None:
+    if m["vocab_size"] is None:
+        return None
+    text = f"{m['vocab_size']} tokens"
+    if m["tokenizer"]:
+        kind = TOKENIZER_KINDS.get(m["tokenizer"])
+        text += f", {kind} ({m['tokenizer']})" if kind else f", {m['tokenizer']}"
+    if m["tokenizer_pre"]:
+        text += f", pre-tokenizer {m['tokenizer_pre']}"
+    return text
+
+
+def _render_tensors(tensors: list[dict[str, Any]]) -> str:
+    width = max([len("name")] + [len(t["name"]) for t in tensors])
+    lines = [f"{'name':<{width}}  {'type':<7} {'shape':<24} offset"]
+    for t in tensors:
+        shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
+        lines.append(f"{t['name']:<{width}}  {t['type']:<7} {shape:<24} {t['offset']}")
+    return "\n".join(lines)
+
+
+def _render_mapping(title: str, values: dict[str, Any]) -> str:
+    lines = [f"{title}:"]
+    for key, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool) and "bytes" in key:
+            value = _human_bytes(value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            value = ", ".join(str(v) for v in value)
+        lines.append(f"  {key:<18} {value}")
+    return "\n".join(lines)
+
+
+def _human_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit} ({n})"
+    return str(n)
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays -> Python values (for JSON and for printing)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# ---------------------------------------------------------------------- other parts of ember
+
+def _resolve(model: str) -> Path:
+    from ember.hub import resolve_model
+    return resolve_model(model)
+
+
+def _system_info() -> dict[str, Any]:
+    try:
+        from ember.sysinfo import system_info
+        return system_info()
+    except ImportError as exc:
+        raise EmberError(f"system information is not available in this build ({exc})") from None
+
+
+def _planned_memory(path: Path, n_ctx: int | None) -> dict[str, Any]:
+    try:
+        from ember.engine.runtime import planned_memory
+    except ImportError as exc:
+        raise EmberError(f"memory planning is not available in this build ({exc})") from None
+    return planned_memory(path, n_ctx)

@@ -1,0 +1,41 @@
+"""`ember perplexity -f FILE`: perplexity with llama.cpp's method (ember.engine.perplexity)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from ember.engine.load import load
+from ember.engine.perplexity import chunk_count, perplexity
+from ember.errors import EmberError
+
+
+def cli_perplexity(args) -> int:
+    try:
+        with open(args.file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise EmberError(f"cannot read {args.file}: {exc.strerror}") from None
+    n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
+    loaded = load(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch,
+                  n_outputs=args.ctx_size, activations=args.activations)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    tokens = tokenizer.encode(text, add_special=True)
+    bos = tokenizer.bos_id if tokenizer.add_bos else None
+    print(f"perplexity: {len(tokens)} tokens, {chunk_count(len(tokens), args.ctx_size)} chunks of {args.ctx_size}",
+          file=sys.stderr)
+    result = perplexity(model, tokens, args.ctx_size, bos, args.chunks, None if args.json else _progress_bar)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_error:.5f}")
+    return 0
+
+
+def _progress_bar(done: int, total: int, ppl: float, seconds: float) -> None:
+    width = 30
+    filled = width * done // total
+    eta = seconds / done * (total - done)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks  PPL {ppl:.4f}  ETA {eta:.0f}s",
+          end="" if done < total else "\n", file=sys.stderr, flush=True)

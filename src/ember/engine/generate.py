@@ -1,0 +1,278 @@
+"""The generation loop: prompt tokens in, a stream of text pieces out.
+
+One `Generation` is one request. Iterating it evaluates the prompt (reusing the longest
+prefix already in the KV cache), then samples a token, decodes it and evaluates it, until
+one of:
+
+- the model emits an end-of-generation token (finish_reason "stop"; its text is not emitted),
+- the text contains a stop string (finish_reason "stop"; stop strings are matched across
+  token boundaries and never emitted: text that could be the start of a stop string is held
+  back until it cannot),
+- `max_tokens` tokens were generated or the context is full (finish_reason "length").
+
+Text pieces contain only complete UTF-8 characters; control tokens (BOS, <|im_start|>, ...) add
+no text, as in llama.cpp's output. With `logprobs=n` each chunk carries the
+log-probability (under the model's raw logits) of the tokens whose text starts in it, with
+the n most likely alternatives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ember.engine.sampling import Sampler, SamplingParams, token_logprobs
+from ember.errors import ContextFullError, EmberError
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token, its log-probability and the `top` alternatives as (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    text_offset: int = 0  # where the token's text starts in the generated text (characters)
+
+
+@dataclass
+class Chunk:
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class StopMatcher:
+    """Cuts a stream of text at the first stop string, holding back what could start one."""
+
+    def __init__(self, stops: Sequence[str] = ()):
+        self.stops = [s for s in stops if s]
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """The text that is safe to emit now, and whether a stop string was found."""
+        if not self.stops:
+            return text, False
+        buffer = self._held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return buffer[:min(hits)], True
+        n_held = self._longest_stop_prefix_suffix(buffer)
+        self._held = buffer[len(buffer) - n_held:]
+        return buffer[:len(buffer) - n_held], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    def _longest_stop_prefix_suffix(self, buffer: str) -> int:
+        longest = min(len(buffer), max(len(s) for s in self.stops) - 1)
+        for n in range(longest, 0, -1):
+            tail = buffer[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+
+class SequenceCache:
+    """The tokens held in one KV-cache sequence of a model, so a new prompt can reuse a prefix."""
+
+    def __init__(self, model, seq: int = 0):
+        self.model = model
+        self.seq = seq
+        self.tokens: list[int] = []
+        self.owner: object | None = None
+        model.reset(seq)
+
+    def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Logits after the prompt, and how many prompt tokens had to be evaluated."""
+        n_common = self.keep_prefix(prompt)
+        return self.eval(prompt[n_common:]), len(prompt) - n_common
+
+    def common_prefix(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of the prompt are cached (one is always left to evaluate, for logits)."""
+        n_common = 0
+        limit = min(len(self.tokens), len(prompt) - 1)
+        while n_common < limit and self.tokens[n_common] == prompt[n_common]:
+            n_common += 1
+        return n_common
+
+    def keep_prefix(self, prompt: Sequence[int]) -> int:
+        """Forget what follows the cached prefix of the prompt; the prefix's length."""
+        n_common = self.common_prefix(prompt)
+        self.model.truncate(n_common, self.seq)
+        del self.tokens[n_common:]
+        return n_common
+
+    def eval(self, tokens: Sequence[int], logits="last") -> np.ndarray:
+        self.tokens.extend(tokens)
+        try:
+            return self.model.eval(tokens, seq=self.seq, logits=logits)
+        finally:  # after an interrupt or an error, keep only what the model really holds
+            n_held = min(self.model.n_past(self.seq), len(self.tokens))
+            del self.tokens[n_held:]
+            self.model.truncate(n_held, self.seq)
+
+    @property
+    def full(self) -> bool:
+        return self.model.n_past(self.seq) >= self.model.n_ctx
+
+    def clear(self) -> None:
+        self.tokens.clear()
+        self.model.reset(self.seq)
+
+
+class Generation:
+    """One request; iterate it for `Chunk`s. Afterwards `finish_reason`, the token counts and
+    the timings (seconds, the consumer's time between chunks excluded) are set.
+
+    max_tokens: None or negative = until an end token, a stop string or a full context.
+    """
+
+    def __init__(self, model, tokenizer, prompt_tokens: Sequence[int], params: SamplingParams | None = None,
+                 max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
+                 logprobs: int | None = None, cache: SequenceCache | None = None):
+        self.prompt_tokens = list(prompt_tokens)
+        if not self.prompt_tokens:
+            raise EmberError("the prompt is empty")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.params = params or SamplingParams()
+        self.max_tokens = None if max_tokens is None or max_tokens < 0 else int(max_tokens)
+        self.stops = [stop] if isinstance(stop, str) else list(stop or [])
+        self.n_logprobs = logprobs
+        self.cache = cache or SequenceCache(model)
+        self.sampler = Sampler(self.params, model.n_vocab, history=self.prompt_tokens)
+        self.seed = self.sampler.seed
+        self.continuation = Continuation(tokenizer, self.sampler, self.max_tokens, self.stops, logprobs)
+        self.tokens = self.continuation.tokens
+        self.finish_reason: str | None = None
+        self.n_prompt_evaluated = 0
+        self.t_prompt = 0.0
+        self.t_generate = 0.0
+        self._check_fits()
+        self._iterator = self._run()
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._iterator
+
+    def __next__(self) -> Chunk:
+        return next(self._iterator)
+
+    def text(self) -> str:
+        """Run to the end and return the whole generated text."""
+        return "".join(chunk.text for chunk in self)
+
+    def close(self) -> None:
+        self._iterator.close()
+
+    def _check_fits(self) -> None:
+        n_ctx = self.model.n_ctx
+        if self.n_prompt > n_ctx:
+            trained = getattr(self.model, "n_ctx_train", n_ctx)
+            advice = (f"raise the context size (-c / n_ctx, up to {trained} for this model) or shorten the prompt"
+                      if trained > n_ctx else "shorten the prompt (the context is already the model's maximum)")
+            raise ContextFullError(f"the prompt has {self.n_prompt} tokens but the context holds {n_ctx}: {advice}")
+
+    def _run(self) -> Iterator[Chunk]:
+        self.cache.owner = self
+        start = time.perf_counter()
+        logits, self.n_prompt_evaluated = self.cache.prefill(self.prompt_tokens)
+        self.t_prompt = time.perf_counter() - start
+        start = time.perf_counter()
+        reply = self.continuation
+        while True:
+            if reply.at_limit(self.cache.full):
+                chunk = reply.finish("length")
+            else:
+                if self.n_generated:
+                    logits = self._eval_next(self.tokens[-1])
+                chunk = reply.step(logits)
+            if reply.finish_reason:
+                self.finish_reason = reply.finish_reason
+                self.t_generate += time.perf_counter() - start
+                yield chunk
+                return
+            if chunk.text:
+                self.t_generate += time.perf_counter() - start
+                yield chunk
+                start = time.perf_counter()
+
+    def _eval_next(self, token: int) -> np.ndarray:
+        if self.cache.owner is not self:
+            raise EmberError("this generation was interrupted by a newer request on the same model")
+        return self.cache.eval([token])
+
+
+class Continuation:
+    """The text side of one request: each `step(logits)` samples a token and returns the text it
+    completes. It ends (`finish_reason` set, everything held back released) at an
+    end-of-generation token, a stop string, or `finish("length")` once `at_limit`.
+
+    The generation loop drives one of these per request; the server's scheduler drives one per
+    sequence slot from the rows of a batched decode.
+    """
+
+    def __init__(self, tokenizer, sampler: Sampler, max_tokens: int | None = None, stops: Sequence[str] = (),
+                 n_logprobs: int | None = None):
+        self.sampler = sampler
+        self.max_tokens = max_tokens
+        self.n_logprobs = n_logprobs
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self._eog_ids = tokenizer.eog_ids
+        self._decoder = tokenizer.stream_decoder(skip_special=True)
+        self._matcher = StopMatcher(stops)
+        self._pending: deque[TokenLogprob] = deque()
+        self._n_received = 0  # characters decoded so far
+        self._n_emitted = 0  # characters emitted so far
+
+    def at_limit(self, context_full: bool) -> bool:
+        """Whether no further token may be generated: max_tokens reached, or the context is full."""
+        at_max = self.max_tokens is not None and len(self.tokens) >= self.max_tokens
+        return at_max or (bool(self.tokens) and context_full)
+
+    def step(self, logits: np.ndarray) -> Chunk:
+        """Sample the next token from the logits after the last one; the text that is now safe to emit."""
+        token = self.sampler.sample(logits)
+        if token in self._eog_ids:
+            return self.finish("stop")
+        self.tokens.append(token)
+        self.sampler.accept(token)
+        if self.n_logprobs is not None:
+            logprob, top = token_logprobs(logits, token, self.n_logprobs)
+            self._pending.append(TokenLogprob(token, logprob, top, self._n_received))
+        piece = self._decoder.feed(token)
+        self._n_received += len(piece)
+        text, stopped = self._matcher.feed(piece)
+        self._n_emitted += len(text)
+        if stopped:
+            self.finish_reason = "stop"
+        return Chunk(text, _released(self._pending, self._n_emitted, everything=False))
+
+    def finish(self, reason: str) -> Chunk:
+        """End the reply; the text held back (an incomplete character, a possible stop-string start)."""
+        self.finish_reason = reason
+        text, _ = self._matcher.feed(self._decoder.flush())
+        return Chunk(text + self._matcher.flush(), _released(self._pending, self._n_received, everything=True))
+
+
+def _released(pending: deque[TokenLogprob], n_emitted: int, everything: bool) -> list[TokenLogprob]:
+    """The pending token logprobs whose text starts within the first n_emitted characters."""
+    released = []
+    while pending and (everything or pending[0].text_offset < n_emitted):
+        released.append(pending.popleft())
+    return released
+

@@ -1,0 +1,182 @@
+"""Model: a GGUF file's weights (mmapped, zero copy), the forward graph built once, and the KV
+cache of `n_seq` sequence slots. `eval` appends tokens to a sequence and returns logits;
+`decode_batch` advances several sequences by one token in one graph run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ember import _core
+from ember.errors import ContextFullError, EmberError
+from ember.gguf import GGUFFile, open_gguf
+from ember.models import architecture
+from ember.models.blocks import Builder
+from ember.sysinfo import physical_cores
+
+DEFAULT_MAX_CTX = 4096
+ACTIVATIONS = ("int8", "f32")
+
+
+class Model:
+    """A loaded model: an opened GGUF file, or the path of one (names are resolved by engine.load).
+
+    n_ctx: context length per sequence (default: the model's, capped at 4096).
+    n_threads: compute threads (default: physical cores).
+    n_seq: sequence slots sharing the weights (the server's parallel requests).
+    n_batch: tokens per graph run; longer prompts are processed in chunks of this size.
+    n_outputs: most rows of logits one run returns (logits="all" is chunked to fit).
+    activations: "int8" (default): each matmul converts its activations to the weight type's
+        8-bit block format and takes integer dot products, as llama.cpp does; "f32": weights
+        are dequantized to F32 row by row and the activations are not rounded (several times
+        slower; logits as close to a float32 reference as the accumulation order allows).
+    """
+
+    def __init__(self, model: GGUFFile | str | Path, n_ctx: int | None = None, n_threads: int | None = None,
+                 n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8"):
+        self.gguf = open_gguf(model) if isinstance(model, (str, Path)) else model
+        arch = architecture(self.gguf.metadata.get("general.architecture"))
+        self.hp = arch.hparams(self.gguf)
+        self.n_vocab = self.hp.n_vocab
+        self.n_ctx_train = self.hp.n_ctx_train
+        self.n_ctx = int(n_ctx or min(self.n_ctx_train, DEFAULT_MAX_CTX))
+        self.n_threads = int(n_threads or physical_cores())
+        self.n_seq = int(n_seq)
+        self.n_batch = int(min(n_batch, self.n_ctx))
+        self.n_outputs = int(n_outputs or max(self.n_seq, 32))
+        for name, value in (("n_ctx", self.n_ctx), ("n_threads", self.n_threads), ("n_seq", self.n_seq),
+                            ("n_batch", self.n_batch), ("n_outputs", self.n_outputs)):
+            if value <= 0:
+                raise EmberError(f"{name} must be positive, got {value}")
+        if activations not in ACTIVATIONS:
+            raise EmberError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.activations = activations
+        self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
+        builder = Builder(self.graph, self.gguf, self.hp)
+        logits = arch.build(builder)
+        self._keep = builder._keep
+        self.graph.set_output(logits)
+        self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq)
+        self._n_past = [0] * self.n_seq
+
+    # -- sequences ---------------------------------------------------------------------------
+
+    def n_past(self, seq: int = 0) -> int:
+        return self._n_past[seq]
+
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Forget cached positions >= n of a sequence (keep a shared prompt prefix)."""
+        self._n_past[seq] = max(0, min(n, self._n_past[seq]))
+
+    def reset(self, seq: int = 0) -> None:
+        self._n_past[seq] = 0
+
+    def copy_sequence(self, src: int, dst: int) -> None:
+        """Make sequence dst a copy of sequence src (its cached prefix)."""
+        n = self._n_past[src]
+        self.graph.kv_copy(src, dst, n)
+        self._n_past[dst] = n
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], seq: int = 0, logits="last") -> np.ndarray:
+        """Append tokens to sequence `seq` and return float32 logits.
+
+        logits="last": [n_vocab] of the last token; "all": [len(tokens), n_vocab]; a sequence of
+        increasing indices into tokens (e.g. a range): [len(indices), n_vocab] for those tokens
+        only, which spares the LM head and the copy for the others.
+        """
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0:
+            raise EmberError("no tokens to evaluate")
+        wanted = self._wanted_rows(logits, tokens.size)
+        start = self._n_past[seq]
+        if start + tokens.size > self.n_ctx:
+            raise ContextFullError(
+                f"{start + tokens.size} tokens do not fit in the context of {self.n_ctx} tokens"
+                f" ({start} already used); use a larger context (-c/n_ctx, the model was trained"
+                f" with {self.n_ctx_train}) or a shorter prompt")
+        self._check_tokens(tokens)
+        rows = []
+        step = self.n_batch if wanted.size <= 1 else min(self.n_batch, self.graph_outputs)
+        for begin in range(0, tokens.size, step):
+            chunk = tokens[begin:begin + step]
+            positions = np.arange(start + begin, start + begin + chunk.size, dtype=np.int32)
+            out_rows = wanted[(wanted >= begin) & (wanted < begin + chunk.size)] - begin
+            # A run returns at least one row: the last token's, dropped when not wanted.
+            run_rows = out_rows if out_rows.size else np.array([chunk.size - 1])
+            out = self._run(chunk, positions, np.full(chunk.size, seq, np.int32), run_rows.astype(np.int32))
+            self._n_past[seq] = start + begin + chunk.size
+            if out_rows.size:
+                rows.append(out)
+        if isinstance(logits, str) and logits == "last":
+            return rows[-1][0]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    @staticmethod
+    def _wanted_rows(logits, n_tokens: int) -> np.ndarray:
+        if isinstance(logits, str):
+            if logits == "last":
+                return np.array([n_tokens - 1])
+            if logits == "all":
+                return np.arange(n_tokens)
+            raise ValueError("logits must be 'last', 'all' or a sequence of token indices")
+        wanted = np.asarray(logits, dtype=np.int64).reshape(-1)
+        if wanted.size == 0 or wanted[0] < 0 or wanted[-1] >= n_tokens or np.any(np.diff(wanted) <= 0):
+            raise ValueError(f"logits indices must be increasing and within [0, {n_tokens})")
+        return wanted
+
+    def decode_batch(self, items: Sequence[tuple[int, int]]) -> np.ndarray:
+        """One decode step for several sequences: items are (seq, token); returns [len(items), n_vocab]."""
+        if not items:
+            raise EmberError("empty batch")
+        seqs = np.array([s for s, _ in items], dtype=np.int32)
+        if len(set(seqs.tolist())) != len(seqs):
+            raise EmberError("a sequence appears twice in one decode batch")
+        for s in seqs:
+            if self._n_past[s] + 1 > self.n_ctx:
+                raise ContextFullError(f"sequence {s} has filled its context of {self.n_ctx} tokens")
+        tokens = np.array([t for _, t in items], dtype=np.int32)
+        self._check_tokens(tokens)
+        positions = np.array([self._n_past[s] for s in seqs], dtype=np.int32)
+        out = self._run(tokens, positions, seqs, np.arange(len(items), dtype=np.int32))
+        for s in seqs:
+            self._n_past[s] += 1
+        return out
+
+    @property
+    def graph_outputs(self) -> int:
+        return min(self.n_outputs, self.n_batch)
+
+    def _check_tokens(self, tokens: np.ndarray) -> None:
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
+            raise EmberError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+
+    def _run(self, tokens, positions, seq_ids, out_rows) -> np.ndarray:
+        return self.graph.run(tokens, positions, seq_ids, out_rows)
+
+    # -- information -------------------------------------------------------------------------
+
+    def memory(self) -> dict:
+        """Bytes of the weights (mapped from the file), the KV cache and the activation arena."""
+        weights = sum(t.n_bytes for t in self.gguf.tensors.values())
+        return {"weights": weights, "kv_cache": self.graph.kv_size, "arena": self.graph.arena_size,
+                "total": weights + self.graph.kv_size + self.graph.arena_size}
+
+    def close(self) -> None:
+        self.graph = None
+        self.gguf.close()
+
+
+def planned_memory(path, n_ctx: int | None = None) -> dict:
+    """What a model would take in memory (bytes), by building its graph: weights mapped from the
+    file, the KV cache for n_ctx tokens and the activation arena."""
+    model = Model(path, n_ctx=n_ctx, n_threads=1)
+    try:
+        return {"n_ctx": model.n_ctx, **model.memory()}
+    finally:
+        model.close()

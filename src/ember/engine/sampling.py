@@ -1,0 +1,296 @@
+"""Sampling: from the logits of one position to the next token id.
+
+The chain is llama.cpp's default order (`common_params_sampling` in its common/common.h),
+applied to the raw logits:
+
+    logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> random draw
+
+- logit bias: `logit[id] += bias`; a bias of -inf bans a token.
+- penalties, over the last `repeat_last_n` tokens seen (prompt included; -1 = all of them):
+  a token seen `c` times gets `logit / repeat_penalty` if its logit is positive, else
+  `logit * repeat_penalty` (the CTRL penalty with the usual fix for negative logits), then
+  `logit - c * frequency_penalty - presence_penalty` (OpenAI's penalties).
+- top-k keeps the k largest logits (k <= 0: off).
+- top-p keeps the shortest run of the most probable tokens whose probability (softmax at
+  temperature 1 over what top-k kept) reaches p (p = 1: off).
+- min-p keeps the tokens with p_i >= min_p * p_max, i.e. logit_i >= logit_max + ln(min_p)
+  (min_p = 0: off).
+- temperature divides the logits that are left; 0 is greedy: the largest logit after bias
+  and penalties, ties to the lowest id.
+- the draw: one uniform u in [0, 1) from a PCG64 generator seeded per request; the token is
+  the first candidate whose cumulative probability reaches u times the total (llama.cpp's
+  `dist`). Candidates are in descending logit order, ties to the lower id; with no filter at
+  all (top-k, top-p and min-p off) they are the whole vocabulary in id order.
+
+Defaults are llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
+repeat_last_n 64, repeat_penalty 1.0 (off), frequency and presence penalties 0 (off).
+Typical-p, XTC, DRY, mirostat and top-n-sigma (all off by default in llama.cpp) are not
+implemented.
+
+Speed (benchmarks/sampling_speed.py): the vocabulary is never argsorted. Top-k gathers a small
+superset of the k largest logits with one comparison pass (the threshold is the k-th largest
+of a strided sample), then partitions and sorts only that. Without top-k, min-p's threshold
+(or, for top-p alone, a widening distance from the max) cuts the candidates first, and only
+their logits are sorted, not their ids. With a fixed seed the sampled ids depend only on the
+logits: this runs single-threaded in numpy, whatever the model's thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import Counter, deque
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ember.engine.sampling_params import DEFAULTS, InvalidParameter, SamplingParams
+
+__all__ = ["DEFAULTS", "InvalidParameter", "Sampler", "SamplingParams", "token_logprobs", "top_k_ids"]
+
+_SAMPLE_SIZE = 4096  # strided sample used to estimate the top-k threshold
+
+
+def fresh_seed() -> int:
+    """A random 32-bit seed (printed so that a run can be repeated with -s)."""
+    return secrets.randbits(32)
+
+
+class Sampler:
+    """The sampling state of one request: its random generator and its penalty window.
+
+    `accept(token)` records a token (prompt or generated) for the penalties;
+    `sample(logits)` picks the next one.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int, history: Iterable[int] = ()):
+        self.params = params
+        self.n_vocab = n_vocab
+        self.seed = params.seed if params.seed is not None and params.seed >= 0 else fresh_seed()
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._bias_ids, self._bias_values = _bias_arrays(params.logit_bias, n_vocab)
+        self._window: deque[int] | None = deque() if params.penalizes else None
+        self._window_size = None if params.repeat_last_n < 0 else params.repeat_last_n
+        self._counts: Counter[int] = Counter()
+        self._all_ids: np.ndarray | None = None
+        for token in history:
+            self.accept(token)
+
+    def accept(self, token: int) -> None:
+        if self._window is None:
+            return
+        if self._window_size is not None and len(self._window) == self._window_size:
+            oldest = self._window.popleft()
+            self._counts[oldest] -= 1
+            if not self._counts[oldest]:
+                del self._counts[oldest]
+        self._window.append(token)
+        self._counts[token] += 1
+
+    def sample(self, logits: np.ndarray) -> int:
+        x = self.adjusted(logits)
+        if self.params.greedy:
+            return int(np.argmax(x))
+        candidates, probs = self._candidates(x)
+        return candidates.token(_draw(probs, self._rng.random()))
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates the next draw chooses from, in draw order, and their probabilities."""
+        x = self.adjusted(logits)
+        if self.params.greedy:
+            return np.array([np.argmax(x)]), np.array([1.0])
+        candidates, probs = self._candidates(x)
+        return candidates.ranked_ids(probs.size), probs
+
+    def adjusted(self, logits: np.ndarray) -> np.ndarray:
+        """The logits after logit bias and penalties (a copy when either changes them)."""
+        x = np.asarray(logits, dtype=np.float32)
+        if self._bias_ids.size == 0 and not self._counts:
+            return x
+        x = x.copy()
+        if self._bias_ids.size:
+            x[self._bias_ids] += self._bias_values
+        if self._counts:
+            ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+            counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+            p = self.params
+            x[ids] = apply_penalties(x[ids], counts, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        return x
+
+    def _candidates(self, x: np.ndarray) -> tuple["_Candidates", np.ndarray]:
+        """The candidates in draw order, and their probabilities after the whole chain."""
+        p = self.params
+        top_k_on = 0 < p.top_k < x.size
+        if not top_k_on and p.top_p >= 1.0 and p.min_p <= 0.0:
+            if self._all_ids is None:
+                self._all_ids = np.arange(x.size)
+            return _Candidates(x, ids=self._all_ids), _softmax(x / np.float32(p.temperature))
+        if top_k_on:
+            ids = top_k_ids(x, p.top_k)
+            candidates = _Candidates(x[ids], ids=ids)
+            log_z = _log_sum_exp(candidates.values)
+        else:
+            candidates, log_z = _whole_vocab_candidates(x, p.top_p, p.min_p)
+        values = candidates.values
+        keep = values.size
+        if p.top_p < 1.0:
+            keep = min(keep, _top_p_count(values, log_z, p.top_p))
+        if p.min_p > 0.0:
+            keep = min(keep, int(np.count_nonzero(values[:keep] >= values[0] + np.float32(math.log(p.min_p)))))
+        return candidates, _softmax(values[:keep] / np.float32(p.temperature))
+
+
+class _Candidates:
+    """Candidate tokens in draw order: by descending logit, ties to the lower id (or, with no
+    filter, the whole vocabulary in id order).
+
+    `values` are their logits in that order. Either `ids` holds the ids in rank order, or (for large
+    sets, where sorting ids costs far more than sorting values) `pool` holds them in id order
+    with `pool_values`, and the id at a rank is found when it is needed.
+    """
+
+    def __init__(self, values: np.ndarray, ids: np.ndarray | None = None, pool: np.ndarray | None = None,
+                 pool_values: np.ndarray | None = None):
+        self.values = values
+        self.ids = ids
+        self.pool = pool
+        self.pool_values = pool_values
+
+    def token(self, rank: int) -> int:
+        if self.ids is not None:
+            return int(self.ids[rank])
+        value = self.values[rank]
+        n_above = int(np.count_nonzero(self.pool_values > value))
+        return int(self.pool[self.pool_values == value][rank - n_above])
+
+    def ranked_ids(self, n: int) -> np.ndarray:
+        if self.ids is not None:
+            return self.ids[:n]
+        return self.pool[np.lexsort((self.pool, -self.pool_values))][:n]
+
+
+def apply_penalties(logits: np.ndarray, counts: np.ndarray, repeat: float, frequency: float,
+                    presence: float) -> np.ndarray:
+    """Penalized logits of tokens seen `counts` (> 0) times, in float32 as llama.cpp does."""
+    logits = np.asarray(logits, dtype=np.float32)
+    repeat32 = np.float32(repeat)
+    penalized = np.where(logits <= 0, logits * repeat32, logits / repeat32)
+    return penalized - (np.asarray(counts, np.float32) * np.float32(frequency) + np.float32(presence))
+
+
+def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest values of x, largest first; ties go to the lower id."""
+    n = x.size
+    k = min(k, n)
+    pool = _top_k_superset(x, k)
+    pool_vals = x[pool]
+    kth = np.partition(pool_vals, pool.size - k)[pool.size - k]
+    above = pool[pool_vals > kth]
+    tied = pool[pool_vals == kth][: k - above.size]
+    return _sorted_desc(np.concatenate([above, tied]), x)
+
+
+def _top_k_superset(x: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids of a set that holds the k largest values of x.
+
+    The threshold is the k-th largest value of a strided sample of x: at least k values of x
+    reach it (those of the sample), and for typical logits about k * stride do, so the set
+    costs one comparison pass over x.
+    """
+    n = x.size
+    stride = n // _SAMPLE_SIZE
+    if stride < 4 or k * 16 > n:
+        return np.arange(n)
+    sample = x[::stride]
+    if k > sample.size:
+        return np.arange(n)
+    threshold = np.partition(sample, sample.size - k)[sample.size - k]
+    return np.flatnonzero(x >= threshold)
+
+
+def _whole_vocab_candidates(x: np.ndarray, top_p: float, min_p: float) -> tuple[_Candidates, float]:
+    """Candidates when top-k is off, and log Z over the whole vocabulary (for top-p).
+
+    Only the tokens that min-p or top-p can keep are gathered; their logits are sorted, their
+    ids are not.
+    """
+    m = x.max()
+    e = np.exp(x - m) if top_p < 1.0 else None
+    z = float(e.sum(dtype=np.float64)) if e is not None else 1.0
+    if min_p > 0.0:
+        pool = np.flatnonzero(x >= m + np.float32(math.log(min_p)))
+    else:
+        pool = _top_p_superset(x, m, e, top_p * z)
+    pool_values = x[pool]
+    ranked = np.sort(pool_values)[::-1]
+    return _Candidates(ranked, pool=pool, pool_values=pool_values), float(m) + math.log(z)
+
+
+def _top_p_superset(x: np.ndarray, m: np.float32, e: np.ndarray, target_mass: float) -> np.ndarray:
+    """Ascending ids of the tokens within a widening distance of the max logit, once their
+    unnormalized probability mass `e` reaches target_mass."""
+    for distance in (4.0, 8.0, 16.0, 32.0):
+        mask = x >= m - np.float32(distance)
+        if e[mask].sum(dtype=np.float64) >= target_mass:
+            return np.flatnonzero(mask)
+    return np.arange(x.size)
+
+
+def _top_p_count(sorted_vals: np.ndarray, log_z: float, top_p: float) -> int:
+    """How many of the sorted candidates top-p keeps: up to the first whose cumulative probability reaches top_p."""
+    dtype = np.float64 if sorted_vals.size <= _SAMPLE_SIZE else np.float32
+    cum = np.cumsum(np.exp(sorted_vals.astype(dtype) - dtype(log_z)), dtype=np.float64)
+    return int(np.searchsorted(cum, top_p, side="left")) + 1
+
+
+def _sorted_desc(ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return ids[np.lexsort((ids, -x[ids]))]
+
+
+def _log_sum_exp(vals: np.ndarray) -> float:
+    dtype = np.float64 if vals.size <= _SAMPLE_SIZE else np.float32
+    m = vals.max()
+    return float(m) + math.log(np.exp(vals.astype(dtype) - dtype(m)).sum(dtype=np.float64))
+
+
+def _softmax(vals: np.ndarray) -> np.ndarray:
+    """Probabilities of logits: float64 for a few candidates, float32 for a whole vocabulary."""
+    dtype = np.float64 if vals.size <= _SAMPLE_SIZE else np.float32
+    e = np.exp(vals.astype(dtype) - dtype(vals.max()))
+    return e / e.sum(dtype=np.float64).astype(dtype)
+
+
+def _draw(probs: np.ndarray, u: float) -> int:
+    """Index of the first probability whose running sum reaches u times the total.
+
+    Over a whole vocabulary the running sum goes by blocks (sums in float64), so no
+    full-length cumulative array is built.
+    """
+    n = probs.size
+    if n <= _SAMPLE_SIZE:
+        cum = np.cumsum(probs, dtype=np.float64)
+        return min(int(np.searchsorted(cum, u * cum[-1], side="left")), n - 1)
+    block = 1024
+    block_cum = np.cumsum(np.add.reduceat(probs, np.arange(0, n, block), dtype=np.float64))
+    target = u * block_cum[-1]
+    b = min(int(np.searchsorted(block_cum, target, side="left")), block_cum.size - 1)
+    target -= block_cum[b - 1] if b else 0.0
+    cum = np.cumsum(probs[b * block:(b + 1) * block], dtype=np.float64)
+    return b * block + min(int(np.searchsorted(cum, target, side="left")), cum.size - 1)
+
+
+def _bias_arrays(bias: Mapping[int, float] | None, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    if not bias:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    out_of_range = [token for token in bias if token >= n_vocab]
+    if out_of_range:
+        raise InvalidParameter(f"logit_bias names token {out_of_range[0]}, but the vocabulary has {n_vocab} tokens")
+    return np.fromiter(bias.keys(), np.int64), np.fromiter(bias.values(), np.float32)
+
+
+def token_logprobs(logits: np.ndarray, token: int, n_top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    """Log-probability of `token` under the model's raw logits, and the `n_top` most likely alternatives."""
+    x = np.asarray(logits, dtype=np.float32)
+    log_z = _log_sum_exp(x)
+    top = top_k_ids(x, n_top) if n_top > 0 else np.empty(0, np.int64)
+    return float(x[token]) - log_z, [(int(i), float(x[i]) - log_z) for i in top]

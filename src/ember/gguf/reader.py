@@ -1,0 +1,373 @@
+"""GGUF v2/v3 reader: one mmap, every count, length, size and offset checked before it is used.
+
+    with open_gguf("model.gguf") as f:
+        f.arch, f.field("context_length"), f.metadata["tokenizer.ggml.tokens"][42]
+        w = f.tensors["blk.0.attn_q.weight"]     # TensorInfo: type, shape (ne0 first), offset
+        w.data                                    # zero-copy uint8 view of the mapped file
+
+Nothing is read whole: values are parsed in place from the mapping and tensor data stays there.
+A file that is malformed, truncated or hostile raises GGUFError naming the field or tensor and
+the byte offset; no count taken from the file sizes an allocation before it has been checked
+against the bytes the file actually has left (the checks of ggml's gguf.cpp, and a few more).
+
+Metadata values: strings -> str; numeric scalars -> int / float / bool; numeric arrays -> numpy
+arrays (copies, so they outlive the file); arrays of strings -> StringArray (a lazy list[str], see
+ember.gguf_strings); arrays of arrays -> list. `metadata_types` gives each key's GGUF type
+(a GGUFValueType, or (ARRAY, element type)) so the writer can reproduce the file exactly.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.errors import GGUFError, ModelNotFound
+from ember.gguf.format import (
+    ALIGNMENT_KEY,
+    ARCHITECTURE_KEY,
+    DEFAULT_ALIGNMENT,
+    HEADER,
+    MAGIC,
+    MAX_DIMS,
+    MAX_NESTING,
+    MIN_KV_BYTES,
+    MIN_TENSOR_INFO_BYTES,
+    MIN_VALUE_BYTES,
+    SCALAR_DTYPES,
+    SCALAR_STRUCTS,
+    U32,
+    U64,
+    VERSIONS,
+    GGUFValueType,
+    ValueSpec,
+    align,
+    is_power_of_two,
+)
+from ember.gguf.strings import StringArray, read_string_array
+from ember.gguf.types import ELEMENT_DTYPES, TYPES, GGMLType
+
+INT64_MAX = (1 << 63) - 1
+# id -> enum member by dict: calling the Enum class costs microseconds per tensor
+_VALUE_TYPES = {int(t): t for t in GGUFValueType}
+_TENSOR_TYPES = {int(t): t for t in TYPES}
+_TENSOR_INFO_TAIL = {n: struct.Struct(f"<{n}QIQ") for n in range(1, MAX_DIMS + 1)}
+
+
+@dataclass(eq=False)
+class TensorInfo:
+    name: str
+    type: GGMLType
+    shape: tuple[int, ...]  # ggml order: ne0 (the row length) first
+    offset: int  # absolute offset of the data in the file
+    n_bytes: int
+    n_elements: int
+    _file: "GGUFFile" = dataclass_field(repr=False, default=None)
+
+    @property
+    def np_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape))
+
+    @property
+    def data(self) -> np.ndarray:
+        """The tensor's bytes: a read-only uint8 view of the mapped file (no copy)."""
+        return self._file._view(self.offset, self.n_bytes)
+
+    def array(self) -> np.ndarray:
+        """Typed view in numpy shape for F32/F16/F64/I8..I64 (BF16 as uint16); for block types,
+        the raw bytes as (*np_shape[:-1], bytes per row)."""
+        dtype = ELEMENT_DTYPES.get(self.type)
+        if dtype is not None:
+            return self.data.view(dtype).reshape(self.np_shape)
+        info = TYPES[self.type]
+        return self.data.reshape(*self.np_shape[:-1], self.shape[0] // info.block_size * info.type_size)
+
+
+class GGUFFile:
+    """A parsed GGUF file. Use `open_gguf`; close it (or use `with`) to release the mapping."""
+
+    def __init__(self, path: Path, mm: mmap.mmap):
+        self.path = path
+        self.size = len(mm)
+        self.version = 0
+        self.alignment = DEFAULT_ALIGNMENT
+        self.data_offset = 0
+        self.metadata: dict[str, Any] = {}
+        self.metadata_types: dict[str, ValueSpec] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._mm = mm
+        self._buf: np.ndarray | None = np.frombuffer(mm, np.uint8)
+
+    # -- metadata helpers
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def arch(self) -> str | None:
+        return self.metadata.get(ARCHITECTURE_KEY)
+
+    def field(self, name: str, default: Any = ...) -> Any:
+        """metadata[f"{arch}.{name}"], e.g. field("context_length")."""
+        key = f"{self.arch}.{name}"
+        if default is ...:
+            return self.metadata[key]
+        return self.metadata.get(key, default)
+
+    # -- lifetime
+    def close(self) -> None:
+        """Release the mapping. Views handed out earlier keep it alive until they are dropped."""
+        self._buf = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a tensor view still exists; the mapping goes when the last view does
+            self._mm = None
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.metadata)} keys, "
+                f"{len(self.tensors)} tensors)")
+
+    def _view(self, offset: int, n_bytes: int) -> np.ndarray:
+        if self._buf is None:
+            raise ValueError(f"{self.path} is closed")
+        return self._buf[offset:offset + n_bytes]
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Map and parse a GGUF file; raises GGUFError if anything in it is out of bounds or invalid."""
+    path = Path(path)
+    mm = _map(path)
+    gguf = GGUFFile(path, mm)
+    try:
+        _Parser(gguf).parse()
+    except BaseException:
+        gguf.close()
+        raise
+    return gguf
+
+
+def _map(path: Path) -> mmap.mmap:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER.size:
+                raise GGUFError(f"{path}: {size} bytes is too small to be a GGUF file")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise ModelNotFound(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise GGUFError(f"{path} is a directory, not a GGUF file") from None
+    except (OSError, ValueError) as exc:
+        raise GGUFError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+class _Parser:
+    """Reads the header, metadata and tensor infos of one file, validating as it goes."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+        self.mm = gguf._mm
+        self.buf = gguf._buf
+        self.size = gguf.size
+        self.pos = 0
+        self.key_offsets: dict[str, int] = {}
+
+    def fail(self, message: str, offset: int | None = None) -> GGUFError:
+        at = self.pos if offset is None else offset
+        return GGUFError(f"{self.gguf.path}: {message} (at byte {at})")
+
+    # -- primitives: each checks that the bytes exist before reading them
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise self.fail(f"{what} runs past the end of the file ({self.size} bytes)")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        value = U32.unpack_from(self.mm, self.pos)[0]
+        self.pos += 4
+        return value
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        value = U64.unpack_from(self.mm, self.pos)[0]
+        self.pos += 8
+        return value
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        length = self.u64(f"length of {what}")
+        if length > self.size - self.pos:
+            raise self.fail(f"{what}: string length {length} is past the end of the file", start)
+        raw = self.mm[self.pos:self.pos + length]
+        self.pos += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8", start) from None
+
+    def count(self, what: str, element_bytes: int) -> int:
+        """A u64 count of things that each take at least `element_bytes` of the rest of the file."""
+        start = self.pos
+        n = self.u64(what)
+        if n * element_bytes > self.size - self.pos:
+            raise self.fail(f"{what} {n} is more than the file can hold", start)
+        return n
+
+    # -- the file
+    def parse(self) -> None:
+        magic, version, _, _ = HEADER.unpack_from(self.mm, 0)
+        if magic != MAGIC:
+            raise self.fail(f"not a GGUF file (magic {magic!r}, expected {MAGIC!r})", 0)
+        if version not in VERSIONS:
+            hint = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
+            raise self.fail(f"unsupported GGUF version {version}, expected 2 or 3{hint}", 4)
+        self.gguf.version = version
+        self.pos = 8
+        n_tensors = self.u64("tensor count")
+        n_kv = self.u64("metadata key count")
+        if n_tensors * MIN_TENSOR_INFO_BYTES + n_kv * MIN_KV_BYTES > self.size - self.pos:
+            raise self.fail(f"{n_tensors} tensors and {n_kv} metadata keys are more than the file can hold", 8)
+        for i in range(n_kv):
+            self.key_value(i)
+        self.gguf.alignment = self.alignment()
+        infos = [self.tensor_info(i) for i in range(n_tensors)]
+        self.gguf.data_offset = align(self.pos, self.gguf.alignment)
+        self.place_tensors(infos)
+
+    def key_value(self, index: int) -> None:
+        start = self.pos
+        key = self.string(f"key of metadata entry {index}")
+        if key in self.gguf.metadata:
+            raise self.fail(f"duplicate metadata key {key!r}", start)
+        raw_type = self.u32(f"type of {key}")
+        value, spec = self.value(raw_type, key, depth=0)
+        self.gguf.metadata[key] = value
+        self.key_offsets[key] = start
+        self.gguf.metadata_types[key] = spec
+
+    def value_type(self, raw_type: int, what: str, offset: int) -> GGUFValueType:
+        vtype = _VALUE_TYPES.get(raw_type)
+        if vtype is None:
+            raise self.fail(f"{what}: unknown value type {raw_type}", offset)
+        return vtype
+
+    def value(self, raw_type: int, what: str, depth: int) -> tuple[Any, ValueSpec]:
+        vtype = self.value_type(raw_type, what, self.pos - 4)
+        if vtype == GGUFValueType.STRING:
+            return self.string(what), vtype
+        if vtype == GGUFValueType.ARRAY:
+            return self.array(what, depth)
+        codec = SCALAR_STRUCTS[vtype]
+        self.need(codec.size, what)
+        value = codec.unpack_from(self.mm, self.pos)[0]
+        self.pos += codec.size
+        return (value != 0 if vtype == GGUFValueType.BOOL else value), vtype
+
+    def array(self, what: str, depth: int) -> tuple[Any, ValueSpec]:
+        if depth >= MAX_NESTING:
+            raise self.fail(f"{what}: arrays nested more than {MAX_NESTING} deep")
+        type_offset = self.pos
+        elem_type = self.value_type(self.u32(f"element type of {what}"), what, type_offset)
+        n = self.count(f"{what}: array length", MIN_VALUE_BYTES[elem_type])
+        if elem_type == GGUFValueType.STRING:
+            named = f"{self.gguf.path}: {what}"
+            strings, self.pos = read_string_array(self.mm, self.buf, self.pos, n, self.size, named)
+            return strings, (GGUFValueType.ARRAY, elem_type)
+        if elem_type == GGUFValueType.ARRAY:
+            return self.nested_array(what, n, depth)
+        dtype = SCALAR_DTYPES[elem_type]
+        values = np.frombuffer(self.mm, dtype, n, self.pos).copy()
+        self.pos += n * dtype.itemsize
+        if elem_type == GGUFValueType.BOOL:
+            values = values != 0
+        return values, (GGUFValueType.ARRAY, elem_type)
+
+    def nested_array(self, what: str, n: int, depth: int) -> tuple[list, ValueSpec]:
+        items, specs = [], []
+        for i in range(n):
+            item, spec = self.array(f"{what}[{i}]", depth + 1)
+            items.append(item)
+            specs.append(spec)
+        same = bool(specs) and all(spec == specs[0] for spec in specs)
+        return items, (GGUFValueType.ARRAY, specs[0] if same else GGUFValueType.ARRAY)
+
+    def alignment(self) -> int:
+        if ALIGNMENT_KEY not in self.gguf.metadata:
+            return DEFAULT_ALIGNMENT
+        value = self.gguf.metadata[ALIGNMENT_KEY]
+        spec = self.gguf.metadata_types[ALIGNMENT_KEY]
+        if spec != GGUFValueType.UINT32 or not is_power_of_two(value):
+            shown = spec.name if isinstance(spec, GGUFValueType) else "array"
+            raise self.fail(f"{ALIGNMENT_KEY} must be a u32 power of two, got {value!r} ({shown})",
+                            self.key_offsets[ALIGNMENT_KEY])
+        return value
+
+    def tensor_info(self, index: int) -> tuple[TensorInfo, int]:
+        start = self.pos
+        name = self.string(f"name of tensor {index}")
+        what = f"tensor {name!r}"
+        n_dims = self.u32(f"{what}: number of dimensions")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise self.fail(f"{what}: {n_dims} dimensions, expected 1 to {MAX_DIMS}", self.pos - 4)
+        dims_offset = self.pos
+        layout = _TENSOR_INFO_TAIL[n_dims]  # dims, type, offset
+        self.need(layout.size, f"{what}: dimensions, type and offset")
+        *dims, raw_type, relative_offset = layout.unpack_from(self.mm, self.pos)
+        self.pos += layout.size
+        tensor_type = self.tensor_type(raw_type, what, self.pos - 12)
+        n_elements, n_bytes = self.tensor_size(dims, tensor_type, what, dims_offset)
+        return TensorInfo(name, tensor_type, tuple(dims), relative_offset, n_bytes, n_elements, self.gguf), start
+
+    def tensor_type(self, raw_type: int, what: str, offset: int) -> GGMLType:
+        tensor_type = _TENSOR_TYPES.get(raw_type)
+        if tensor_type is None:
+            raise self.fail(f"{what}: unknown tensor type {raw_type}", offset)
+        return tensor_type
+
+    def tensor_size(self, shape, tensor_type: GGMLType, what: str, offset: int) -> tuple[int, int]:
+        info = TYPES[tensor_type]
+        n_elements = 1
+        for dim in shape:
+            if dim == 0 or dim > INT64_MAX:
+                raise self.fail(f"{what}: dimension {dim} in shape {list(shape)} is out of range", offset)
+            n_elements *= dim
+        if n_elements > INT64_MAX:
+            raise self.fail(f"{what}: shape {list(shape)} has more than 2^63 elements", offset)
+        if shape[0] % info.block_size:
+            raise self.fail(f"{what}: row length {shape[0]} is not a multiple of the {info.name} "
+                            f"block size {info.block_size}", offset)
+        return n_elements, n_elements // info.block_size * info.type_size
+
+    def place_tensors(self, infos: list[tuple[TensorInfo, int]]) -> None:
+        """Make offsets absolute; check alignment, bounds and overlaps; keep file order."""
+        gguf = self.gguf
+        for info, start in infos:
+            if info.name in gguf.tensors:
+                raise self.fail(f"duplicate tensor name {info.name!r}", start)
+            if info.offset % gguf.alignment:
+                raise self.fail(f"tensor {info.name!r}: data offset {info.offset} is not a multiple of "
+                                f"the alignment {gguf.alignment}", start)
+            info.offset += gguf.data_offset
+            if info.n_bytes > self.size - min(info.offset, self.size):
+                raise self.fail(f"tensor {info.name!r}: {info.n_bytes} bytes at offset {info.offset} run "
+                                f"past the end of the file ({self.size} bytes)", start)
+            gguf.tensors[info.name] = info
+        by_offset = sorted(gguf.tensors.values(), key=lambda t: t.offset)
+        for before, after in zip(by_offset[:-1], by_offset[1:], strict=True):
+            if before.offset + before.n_bytes > after.offset:
+                raise GGUFError(f"{gguf.path}: tensors {before.name!r} and {after.name!r} overlap "
+                                f"(at byte {after.offset})")
+
