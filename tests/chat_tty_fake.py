@@ -3,10 +3,9 @@ it answers "You said: <message>", and to "long" it says "la " slowly until it is
 
 import sys
 
-from fake_llm import fake_llm
-
 from ember.cli.chat import ChatSession, repl
 from ember.engine.sampling import SamplingParams
+from fake_llm import fake_llm
 
 if __name__ == "__main__":
     n_ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 4096

@@ -1,9 +1,15 @@
 """Test-wide setup. Runs before any test module imports ember."""
 
 import os
+import sys
+from pathlib import Path
 
 # The amx kernel table is tested on every machine with AVX-512: natively where the CPU and the
 # OS give the process AMX tiles, elsewhere through ember's emulator of the tile instructions
 # (csrc/core/amx_emulator.h). Emulated amx is never the default table, so everything else runs
 # as it would for a user. Child processes inherit the setting.
 os.environ.setdefault("EMBER_EMULATE_AMX", "1")
+
+# The tests' shared helpers (fake_llm.py, ember_server.py, paths.py, ...) live in this folder; the
+# tests themselves in folders that mirror src/ember and csrc.
+sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ember"
+from paths import REPO
+
+PACKAGE = REPO / "src" / "ember"
 
 # Bottom to top. Modules of one rank import each other only within the same folder.
 LAYERS = [
@@ -122,3 +124,12 @@ def test_imports_are_found_at_any_depth(tmp_path, source, expected):
     path = tmp_path / "probe.py"
     path.write_text(source)
     assert imported("ember.probe", path, known_modules()) == expected
+
+
+def test_readme_layout_names_every_folder():
+    layout = (REPO / "README.md").read_text(encoding="utf-8").split("### Layout", 1)[1].split("\n## ", 1)[0]
+    folders = [p for root in ("src/ember", "csrc") for p in (REPO / root).rglob("*")
+               if p.is_dir() and "__pycache__" not in p.parts]
+    missing = [str(p.relative_to(REPO)) for p in folders
+               if f"`{p.relative_to(REPO)}/`" not in layout and f"`{p.name}/`" not in layout]
+    assert missing == []

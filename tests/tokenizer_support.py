@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 from ember.gguf import open_gguf
 from ember.hub import resolve_model
 from ember.tokenizer.tokenizer import Tokenizer
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 REGISTRY_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")
 
 

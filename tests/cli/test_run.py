@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_llm import ByteTokenizer, continuation, fake_llm
 
 import ember
 from ember.cli import run as run_command
 from ember.cli.main import main
+from fake_llm import ByteTokenizer, continuation, fake_llm
+from paths import FIXTURES
 
 SRC = Path(ember.__file__).parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
 TIMING = r"ember: load time += +[\d.]+ ms\n" \
          r"ember: prompt eval = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n" \
          r"ember: generation  = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n"
@@ -161,8 +161,8 @@ def test_an_unsupported_architecture_is_named(tmp_path):
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
-    from ember.errors import GGUFError
     from ember.engine.runtime import Model
+    from ember.errors import GGUFError
 
     path = tmp_path / "mamba.gguf"
     w = gguf.GGUFWriter(str(path), "mamba")

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ember.hub import resolve_model  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
+from ember.hub import resolve_model  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ember.errors import EmberError
 from ember.engine.sampling import InvalidParameter, Sampler, SamplingParams, token_logprobs, top_k_ids
+from ember.errors import EmberError
 
 QWEN_VOCAB = 151_936
 

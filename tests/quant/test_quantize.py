@@ -25,17 +25,17 @@ import ember
 from ember import _core
 from ember.cli.main import main
 from ember.gguf import GGUFWriter, open_gguf
-from ember.quant.quantize import output_types, quantize_file
-from ember.quant.presets import PRESETS
 from ember.gguf.types import GGMLType
+from ember.quant.presets import PRESETS
+from ember.quant.quantize import output_types, quantize_file
 from ember.quant.reference import dequantize, dequantize_tensor
+from paths import FIXTURES
 
 gguf_quants = pytest.importorskip("gguf.quants")
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+sys.path.insert(0, str(FIXTURES))
 from quantize_edge_rows import with_edge_rows
 
-FIXTURES = Path(__file__).parent / "fixtures"
 T = GGMLType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K, "Q6_K": T.Q6_K}  # --pure preset -> type

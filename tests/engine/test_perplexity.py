@@ -3,18 +3,18 @@ only the second half of each chunk scored), checked against a plain numpy comput
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ember.cli.main import main
-from ember.hub import resolve_model
 from ember.engine.perplexity import perplexity, token_nll
 from ember.engine.runtime import Model
+from ember.hub import resolve_model
 from ember.tokenizer.tokenizer import Tokenizer
+from paths import REPO
 
-TEXT = Path(__file__).parent.parent / "benchmarks" / "data" / "public-domain-en.txt"
+TEXT = REPO / "benchmarks" / "data" / "public-domain-en.txt"
 
 
 def reference_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 
 import numpy as np
 import pytest
+
+from ember import cli
+from ember.errors import EmberError
+from ember.hub import resolve_model
+from ember.tokenizer.pretokenizers import PRE_TOKENIZERS
+from ember.tokenizer.tokenizer import Tokenizer
 from tokenizer_support import (
     REGISTRY_MODELS,
     corpus_cases,
@@ -16,12 +21,6 @@ from tokenizer_support import (
     metadata,
     tokenizer,
 )
-
-from ember import cli
-from ember.errors import EmberError
-from ember.hub import resolve_model
-from ember.tokenizer.pretokenizers import PRE_TOKENIZERS
-from ember.tokenizer.tokenizer import Tokenizer
 
 # -- vocabularies built by hand, for rules that need no model ------------------------------------
 

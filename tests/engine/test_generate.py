@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from fake_llm import BOS, END, EOS, N_VOCAB, USER, ByteTokenizer, FakeModel, continuation, peaked_logits
 
-from ember.errors import ContextFullError, EmberError
 from ember.engine.generate import Generation, SequenceCache, StopMatcher
 from ember.engine.sampling import SamplingParams
+from ember.errors import ContextFullError, EmberError
+from fake_llm import BOS, END, EOS, N_VOCAB, USER, ByteTokenizer, FakeModel, continuation, peaked_logits
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [BOS] + list(b"Say:")

@@ -7,12 +7,12 @@ from datetime import datetime
 
 import jinja2
 import pytest
-from tokenizer_support import FIXTURES, metadata
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from ember.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError
 from ember.errors import EmberError
+from ember.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError
+from tokenizer_support import FIXTURES, metadata
 
 TEMPLATES = json.loads((FIXTURES / "chat_templates.json").read_text(encoding="utf-8"))["templates"]
 TEMPLATES["default (ChatML)"] = {"bos_token": "<s>", "eos_token": "</s>", "template": DEFAULT_TEMPLATE}

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_llm import fake_llm
 
 import ember
 from ember.cli.chat import ChatSession, repl
-from ember.errors import ContextFullError
 from ember.engine.sampling import SamplingParams
+from ember.errors import ContextFullError
+from fake_llm import fake_llm
+from paths import TESTS
 
 GREEDY = SamplingParams(temperature=0.0)
-TESTS = Path(__file__).parent
 SRC = Path(ember.__file__).parent.parent
 
 

@@ -23,11 +23,12 @@ import pytest
 import ember
 from ember.cli.main import build_parser
 from ember.engine.generate import Chunk
-from ember.hub import resolve_model
 from ember.engine.sampling import SamplingParams
+from ember.hub import resolve_model
 from ember.server.metrics import Metrics
 from ember.server.scheduler import Finished, QueueFull, Scheduler
 from ember_server import ServerProcess, metric
+from paths import FIXTURES
 
 pytestmark = pytest.mark.model
 
@@ -301,9 +302,8 @@ def test_max_tokens_zero_generates_nothing(client):
 
 
 def tokenizer_cases():
-    from pathlib import Path
 
-    path = Path(__file__).parent / "fixtures" / f"tokenize-{MODEL}.json"
+    path = FIXTURES / f"tokenize-{MODEL}.json"
     return json.loads(path.read_text())["cases"][:6]
 
 
@@ -485,9 +485,8 @@ def test_sixteen_concurrent_streams_each_get_their_own_reply(server):
 
 
 def test_batched_greedy_replies_match_llama_cpp_up_to_its_first_near_tie(server):
-    from pathlib import Path
 
-    fixture = json.loads((Path(__file__).parent / "fixtures" / f"llama_cpp_greedy_{MODEL}.json").read_text())
+    fixture = json.loads((FIXTURES / f"llama_cpp_greedy_{MODEL}.json").read_text())
     cases = fixture["cases"]
 
     async def run():

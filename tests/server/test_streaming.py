@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from ember.engine.generate import Chunk, TokenLogprob
 from ember.api.openai_format import ResponseFormat
+from ember.engine.generate import Chunk, TokenLogprob
 from ember.server.scheduler import Failed, Finished
 from ember.server.streaming import JobEvents
 

@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
-from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation, fake_llm
 
 import ember
-from ember.errors import ModelNotFound
 from ember.engine.sampling import InvalidParameter
+from ember.errors import ModelNotFound
+from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation, fake_llm
+from paths import FIXTURES
 
 USER_HI = [{"role": "user", "content": "hi"}]
 
@@ -192,9 +193,8 @@ def test_real_model_chat_and_completion():
 @pytest.mark.slow
 def test_greedy_tokens_match_llama_cpp_up_to_the_first_near_tie():
     import json
-    from pathlib import Path
 
-    fixture = json.loads((Path(__file__).parent / "fixtures" / "llama_cpp_greedy_smollm2-135m.json").read_text())
+    fixture = json.loads((FIXTURES / "llama_cpp_greedy_smollm2-135m.json").read_text())
     llm = ember.LLM(fixture["model"], n_ctx=512)
     for case in fixture["cases"]:
         assert llm.prompt_tokens(case["prompt"]) == case["prompt_ids"]
@@ -206,9 +206,9 @@ def test_greedy_tokens_match_llama_cpp_up_to_the_first_near_tie():
 
 @pytest.mark.model
 def test_a_template_that_writes_bos_gets_no_second_one():
-    from ember.tokenizer.chat_template import ChatTemplate
     from ember.gguf import open_gguf
     from ember.hub import resolve_model
+    from ember.tokenizer.chat_template import ChatTemplate
     from ember.tokenizer.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(open_gguf(resolve_model("gemma3-270m")))  # adds BOS by itself

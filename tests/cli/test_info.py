@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from ember.cli.info import describe
 from ember.cli.main import main
 from ember.gguf import GGUFValueType, GGUFWriter, open_gguf
-from ember.cli.info import describe
 from ember.gguf.types import GGMLType
 from ember.quant.reference import quantize
 

@@ -1,0 +1,25 @@
+"""LLaMA family against transformers: GQA, tied and untied LM heads, attention and MLP biases,
+linear and Llama 3 RoPE scaling, head_dim != hidden/heads."""
+
+import transformers
+from parity import TransformersParity
+
+
+class TestLlama(TransformersParity):
+    model_class = "LlamaForCausalLM"
+    configs = {
+        # GQA, untied LM head, linear RoPE scaling
+        "llama": lambda: transformers.LlamaConfig(
+            vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+            num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            tie_word_embeddings=False),
+        # tied LM head, biases on attention and MLP, Llama 3 RoPE scaling, head_dim != hidden/heads
+        "llama-bias-llama3-rope": lambda: transformers.LlamaConfig(
+            vocab_size=320, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+            attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 16}),
+    }
