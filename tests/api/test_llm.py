@@ -1,5 +1,7 @@
 """The Python API (ember.LLM) over the fake model, and once over a real registry model."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -169,6 +171,43 @@ def test_bad_sampling_values_are_refused():
         fake_llm().generate("x", temperature=-1)
     with pytest.raises(InvalidParameter, match="top_p"):
         fake_llm().create_chat_completion(USER_HI, top_p=1.5)
+
+
+def test_generate_and_chat_follow_a_constraint():
+    llm = completing("Say:", b"maybe")
+    assert llm.generate("Say:", choice=["yes", "no"], temperature=0) in ("yes", "no")
+    assert llm.generate("Say:", regex="m[a-z]{2}", temperature=0) == "may"
+    assert llm.generate("Say:", grammar='root ::= "ma" [a-z]', temperature=0) == "may"
+    assert isinstance(json.loads(fake_llm().chat(USER_HI, json_schema={"type": "integer"}, temperature=0, max_tokens=8)), int)
+
+
+def test_create_completion_and_chat_completion_take_response_format():
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    completion = completing("Say:", b'{"ok": yes}').create_completion("Say:", response_format=fmt, temperature=0,
+                                                                      max_tokens=20)
+    assert completion["choices"][0]["text"] == '{"ok": true}'
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    chat = fake_llm().create_chat_completion(USER_HI, response_format={"type": "json_object"}, max_tokens=40,
+                                             temperature=0)
+    assert chat["choices"][0]["message"]["content"].startswith("{")
+
+
+def test_a_constraint_that_cannot_compile_is_an_error_with_its_reason():
+    from ember.engine.constraints import ConstraintError
+
+    with pytest.raises(ConstraintError, match="unclosed"):
+        fake_llm().generate("x", regex="(a")
+    with pytest.raises(ConstraintError, match="one constraint"):
+        fake_llm().create_chat_completion(USER_HI, regex="a", response_format={"type": "json_object"})
+
+
+def test_a_grammar_object_is_a_constraint():
+    grammar = ember.Grammar.choice(["no"])
+    assert completing("Say:", b"yes").generate("Say:", grammar=grammar, temperature=0) == "no"
+    params = ember.SamplingParams(temperature=0, grammar=grammar)
+    assert completing("Say:", b"yes").generation("Say:", params).text() == "no"
 
 
 def test_unknown_model_is_refused():

@@ -22,6 +22,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from ember.api.openai_format import ResponseFormat, usage
+from ember.engine.constraints import Grammar, grammar_from_request
 from ember.engine.generate import Generation, SequenceCache
 from ember.engine.load import Loaded, chat_template_of
 from ember.engine.load import load as load_model
@@ -140,14 +141,20 @@ class LLM:
                  temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
                  min_p: float = D.min_p, repeat_penalty: float = D.repeat_penalty,
                  stop: Sequence[str] | str | None = None, seed: int | None = None, stream: bool = False,
+                 grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
+                 regex: str | None = None, choice: Sequence[str] | None = None,
                  **sampling) -> str | Iterator[str]:
         """Continue a prompt: the generated text, or an iterator of its pieces with stream=True.
 
         More sampling options (frequency_penalty, presence_penalty, repeat_last_n, logit_bias)
         are accepted as keywords; see `SamplingParams`. max_tokens=None: until the model stops.
+        At most one constraint: `grammar` (GBNF or Lark text, or a `Grammar`), `json_schema`,
+        `regex` or `choice` (a list of strings); the text then always matches it, and
+        generation ends where it is complete.
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, seed=seed, **sampling)
+                                repeat_penalty=repeat_penalty, seed=seed,
+                                grammar=grammar_from_request(grammar, json_schema, regex, choice), **sampling)
         generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop)
         return _pieces(generation) if stream else generation.text()
 
@@ -155,10 +162,14 @@ class LLM:
              temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
              min_p: float = D.min_p, repeat_penalty: float = D.repeat_penalty,
              stop: Sequence[str] | str | None = None, seed: int | None = None, stream: bool = False,
+             grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
+             regex: str | None = None, choice: Sequence[str] | None = None,
              **sampling) -> str | Iterator[str]:
-        """The assistant's reply to messages ([{"role": ..., "content": ...}]) through the chat template."""
+        """The assistant's reply to messages ([{"role": ..., "content": ...}]) through the chat
+        template; the constraints are generate's."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, seed=seed, **sampling)
+                                repeat_penalty=repeat_penalty, seed=seed,
+                                grammar=grammar_from_request(grammar, json_schema, regex, choice), **sampling)
         generation = self.generation(self.chat_tokens(messages), params, max_tokens=max_tokens, stop=stop)
         return _pieces(generation) if stream else generation.text()
 
@@ -170,14 +181,19 @@ class LLM:
                           logprobs: int | None = None, seed: int | None = None,
                           repeat_penalty: float = D.repeat_penalty, frequency_penalty: float = D.frequency_penalty,
                           presence_penalty: float = D.presence_penalty,
-                          logit_bias: Mapping[int | str, float] | None = None) -> dict | Iterator[dict]:
+                          logit_bias: Mapping[int | str, float] | None = None,
+                          grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
+                          regex: str | None = None, choice: Sequence[str] | None = None,
+                          response_format: dict | None = None) -> dict | Iterator[dict]:
         """A text completion as OpenAI's /v1/completions returns it (`choices[0].text`, `usage`).
 
         logprobs=n adds the chosen tokens' log-probabilities and the n most likely alternatives.
+        Constraints: generate's, or `response_format` as in create_chat_completion.
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed)
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed,
+                                grammar=grammar_from_request(grammar, json_schema, regex, choice, response_format))
         generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop, logprobs=logprobs)
         response = ResponseFormat(False, self.name, self.tokenizer, logprobs=logprobs is not None)
         return _respond(generation, response, stream)
@@ -192,11 +208,19 @@ class LLM:
                                frequency_penalty: float = D.frequency_penalty,
                                repeat_penalty: float = D.repeat_penalty,
                                logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None) -> dict | Iterator[dict]:
-        """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`)."""
+                               top_logprobs: int | None = None, response_format: dict | None = None,
+                               grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
+                               regex: str | None = None, choice: Sequence[str] | None = None,
+                               ) -> dict | Iterator[dict]:
+        """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`).
+
+        response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"name": ..., "schema": {...}, "strict": true}}; or one of generate's constraints.
+        """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed)
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed,
+                                grammar=grammar_from_request(grammar, json_schema, regex, choice, response_format))
         n_logprobs = (top_logprobs or 0) if logprobs else None
         generation = self.generation(self.chat_tokens(messages), params, max_tokens=max_tokens, stop=stop,
                                      logprobs=n_logprobs)

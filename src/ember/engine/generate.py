@@ -8,7 +8,8 @@ one of:
 - the text contains a stop string (finish_reason "stop"; stop strings are matched across
   token boundaries and never emitted: text that could be the start of a stop string is held
   back until it cannot),
-- `max_tokens` tokens were generated or the context is full (finish_reason "length").
+- `max_tokens` tokens were generated or the context is full (finish_reason "length"),
+- the sampling parameters' grammar is complete and admits nothing more (finish_reason "stop").
 
 Text pieces contain only complete UTF-8 characters; control tokens (BOS, <|im_start|>, ...) add
 no text, as in llama.cpp's output. With `logprobs=n` each chunk carries the
@@ -146,7 +147,7 @@ class Generation:
         self.stops = [stop] if isinstance(stop, str) else list(stop or [])
         self.n_logprobs = logprobs
         self.cache = cache or SequenceCache(model)
-        self.sampler = Sampler(self.params, model.n_vocab, history=self.prompt_tokens)
+        self.sampler = Sampler(self.params, model.n_vocab, history=self.prompt_tokens, tokenizer=tokenizer)
         self.seed = self.sampler.seed
         self.continuation = Continuation(tokenizer, self.sampler, self.max_tokens, self.stops, logprobs)
         self.tokens = self.continuation.tokens
@@ -219,7 +220,8 @@ class Generation:
 class Continuation:
     """The text side of one request: each `step(logits)` samples a token and returns the text it
     completes. It ends (`finish_reason` set, everything held back released) at an
-    end-of-generation token, a stop string, or `finish("length")` once `at_limit`.
+    end-of-generation token, a stop string, the end of the sampler's grammar, or
+    `finish("length")` once `at_limit`.
 
     The generation loop drives one of these per request; the server's scheduler drives one per
     sequence slot from the rows of a batched decode.
@@ -260,6 +262,9 @@ class Continuation:
         self._n_emitted += len(text)
         if stopped:
             self.finish_reason = "stop"
+        elif self.sampler.finished:
+            last = self.finish("stop")
+            return Chunk(text + last.text, last.logprobs)
         return Chunk(text, _released(self._pending, self._n_emitted, everything=False))
 
     def finish(self, reason: str) -> Chunk:

@@ -1,10 +1,13 @@
 """Sampling: from the logits of one position to the next token id.
 
 The chain is llama.cpp's default order (`common_params_sampling` in its common/common.h),
-applied to the raw logits:
+applied to the raw logits, with a grammar's mask first:
 
-    logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> random draw
+    grammar mask -> logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> random draw
 
+- grammar mask (engine/constraints.py, when the parameters carry a `grammar`): tokens that
+  would take the text out of the grammar get -inf, so no later step can pick them. Greedy
+  checks the unmasked argmax first and masks only when the grammar forbids it.
 - logit bias: `logit[id] += bias`; a bias of -inf bans a token.
 - penalties, over the last `repeat_last_n` tokens seen (prompt included; -1 = all of them):
   a token seen `c` times gets `logit / repeat_penalty` if its logit is positive, else
@@ -44,6 +47,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from ember.engine.constraints import Constraint, constraint_for
 from ember.engine.sampling_params import DEFAULTS, InvalidParameter, SamplingParams
 
 __all__ = ["DEFAULTS", "InvalidParameter", "Sampler", "SamplingParams", "token_logprobs", "top_k_ids"]
@@ -57,26 +61,39 @@ def fresh_seed() -> int:
 
 
 class Sampler:
-    """The sampling state of one request: its random generator and its penalty window.
+    """The sampling state of one request: its random generator, its penalty window and its
+    grammar's matcher.
 
-    `accept(token)` records a token (prompt or generated) for the penalties;
-    `sample(logits)` picks the next one.
+    `history` (the prompt) counts for the penalties; `accept(token)` records a generated token
+    (for the penalties and the grammar); `sample(logits)` picks the next one. A grammar needs
+    the `tokenizer` (its token bytes).
     """
 
-    def __init__(self, params: SamplingParams, n_vocab: int, history: Iterable[int] = ()):
+    def __init__(self, params: SamplingParams, n_vocab: int, history: Iterable[int] = (), tokenizer=None):
         self.params = params
         self.n_vocab = n_vocab
+        self._bias_ids, self._bias_values = _bias_arrays(params.logit_bias, n_vocab)
+        self.constraint: Constraint | None = constraint_for(params.grammar, tokenizer, n_vocab)
         self.seed = params.seed if params.seed is not None and params.seed >= 0 else fresh_seed()
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
-        self._bias_ids, self._bias_values = _bias_arrays(params.logit_bias, n_vocab)
         self._window: deque[int] | None = deque() if params.penalizes else None
         self._window_size = None if params.repeat_last_n < 0 else params.repeat_last_n
         self._counts: Counter[int] = Counter()
         self._all_ids: np.ndarray | None = None
         for token in history:
-            self.accept(token)
+            self._remember(token)
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete: nothing but an end-of-generation token may follow."""
+        return self.constraint is not None and self.constraint.finished
 
     def accept(self, token: int) -> None:
+        self._remember(token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
+
+    def _remember(self, token: int) -> None:
         if self._window is None:
             return
         if self._window_size is not None and len(self._window) == self._window_size:
@@ -88,26 +105,39 @@ class Sampler:
         self._counts[token] += 1
 
     def sample(self, logits: np.ndarray) -> int:
-        x = self.adjusted(logits)
         if self.params.greedy:
-            return int(np.argmax(x))
-        candidates, probs = self._candidates(x)
-        return candidates.token(_draw(probs, self._rng.random()))
+            return self._greedy(logits)
+        candidates, probs = self._candidates(self.adjusted(logits))
+        token = candidates.token(_draw(probs, self._rng.random()))
+        if self.constraint is not None and not self.constraint.is_allowed(token):  # a zero-probability draw
+            token = candidates.token(int(np.argmax(probs)))
+        return token
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The candidates the next draw chooses from, in draw order, and their probabilities."""
-        x = self.adjusted(logits)
         if self.params.greedy:
-            return np.array([np.argmax(x)]), np.array([1.0])
-        candidates, probs = self._candidates(x)
-        return candidates.ranked_ids(probs.size), probs
+            return np.array([self._greedy(logits)]), np.array([1.0])
+        candidates, probs = self._candidates(self.adjusted(logits))
+        keep = np.flatnonzero(probs > 0) if self.constraint is not None else None
+        ids = candidates.ranked_ids(probs.size)
+        return (ids, probs) if keep is None else (ids[keep], probs[keep])
 
-    def adjusted(self, logits: np.ndarray) -> np.ndarray:
-        """The logits after logit bias and penalties (a copy when either changes them)."""
+    def _greedy(self, logits: np.ndarray) -> int:
+        x = self.adjusted(logits, masked=False)
+        token = int(np.argmax(x))
+        if self.constraint is None or self.constraint.is_allowed(token):
+            return token
+        return int(np.argmax(self._masked(x)))
+
+    def adjusted(self, logits: np.ndarray, masked: bool = True) -> np.ndarray:
+        """The logits after the grammar's mask, logit bias and penalties (a copy when any changes them)."""
         x = np.asarray(logits, dtype=np.float32)
-        if self._bias_ids.size == 0 and not self._counts:
+        if masked and self.constraint is not None:
+            x = self._masked(x)
+        elif self._bias_ids.size == 0 and not self._counts:
             return x
-        x = x.copy()
+        else:
+            x = x.copy()
         if self._bias_ids.size:
             x[self._bias_ids] += self._bias_values
         if self._counts:
@@ -116,6 +146,15 @@ class Sampler:
             p = self.params
             x[ids] = apply_penalties(x[ids], counts, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
         return x
+
+    def _masked(self, x: np.ndarray) -> np.ndarray:
+        """A copy of x with -inf where the grammar forbids the token."""
+        allowed = self.constraint.allowed()
+        if not allowed.any():
+            raise InvalidParameter(f"the {self.constraint.grammar.kind} admits no token here")
+        if x.size > allowed.size:  # logits past the vocabulary the grammar knows
+            allowed = np.concatenate([allowed, np.zeros(x.size - allowed.size, np.bool_)])
+        return np.where(allowed[:x.size], x, np.float32(-np.inf))
 
     def _candidates(self, x: np.ndarray) -> tuple["_Candidates", np.ndarray]:
         """The candidates in draw order, and their probabilities after the whole chain."""

@@ -8,9 +8,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ember.errors import EmberError
+
+if TYPE_CHECKING:
+    from ember.engine.constraints import Grammar
 
 
 class InvalidParameter(EmberError, ValueError):
@@ -23,7 +26,8 @@ class SamplingParams:
 
     `seed=None` (or a negative seed) draws a fresh random seed for each request.
     `logit_bias` maps token ids (ints, or strings of digits as in OpenAI requests) to a value
-    added to their logits.
+    added to their logits. `grammar` (an `ember.Grammar`: JSON schema, GBNF, regex, choice)
+    constrains every token to keep the text within it; generation ends where it is complete.
     """
 
     temperature: float = 0.8
@@ -36,6 +40,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, low=0.0)

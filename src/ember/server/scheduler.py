@@ -105,7 +105,7 @@ class Scheduler:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}")
         if max(prompt) >= self.model.n_vocab or min(prompt) < 0:
             raise EmberError(f"token ids must be in [0, {self.model.n_vocab})")
-        sampler = Sampler(params, self.model.n_vocab, history=prompt)
+        sampler = Sampler(params, self.model.n_vocab, history=prompt, tokenizer=self.tokenizer)
         continuation = Continuation(self.tokenizer, sampler, max_tokens, stops, n_logprobs)
         return Job(prompt, continuation, deliver)
 

@@ -1,0 +1,32 @@
+"""README's examples of constrained output and tool calling run as written (a registry model)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from paths import REPO
+
+pytestmark = pytest.mark.model
+
+
+def python_example(heading: str) -> str:
+    """The first ```python block after a heading of README.md."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index(heading):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_json_schema_example_prints_an_object_that_matches():
+    lines = run(python_example("### Constrained output")).splitlines()
+    city = eval(lines[0], {})  # the example prints the parsed dict
+    assert set(city) == {"city", "population", "continent"} and isinstance(city["population"], int)
+    assert lines[1] in (" yes", " no")
+    assert re.fullmatch(r" \d{3}-\d{4}", lines[2])
