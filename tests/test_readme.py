@@ -30,3 +30,11 @@ def test_the_json_schema_example_prints_an_object_that_matches():
     assert set(city) == {"city", "population", "continent"} and isinstance(city["population"], int)
     assert lines[1] in (" yes", " no")
     assert re.fullmatch(r" \d{3}-\d{4}", lines[2])
+
+
+def test_the_tool_calling_example_calls_the_tool_then_answers():
+    lines = run(python_example("### Tool calling")).splitlines()
+    finish, name, arguments = lines[0].split(" ", 2)
+    assert (finish, name) == ("tool_calls", "get_weather")
+    assert set(eval(arguments, {})) == {"city"}
+    assert lines[1].strip()

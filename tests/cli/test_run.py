@@ -229,3 +229,47 @@ def test_real_prompt_longer_than_the_context():
     result = ember_cli("run", "-c", "16", "-p", "word " * 40)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("ember: error: the prompt has ") and "(-c / n_ctx" in result.stderr
+
+
+# -- constraints -----------------------------------------------------------------------------------
+
+
+def test_grammar_and_json_schema_flags_constrain_the_output(fake, capsys, tmp_path):
+    # the fake model wants to say "Hello"
+    assert run(["--temp", "0", "--grammar", 'root ::= "Hel" [a-z] "!"', "Say:"], capsys)[1] == "Hell!"
+    grammar = tmp_path / "g.gbnf"
+    grammar.write_text('root ::= "He" ("y" | "p")\n')
+    assert run(["--temp", "0", "--grammar-file", str(grammar), "Say:"], capsys)[1] in ("Hey", "Hep")
+    code, out, _ = run(["--temp", "0", "-n", "12", "--json-schema", '{"type": "integer", "maximum": 99}', "Say:"], capsys)
+    assert code == 0 and isinstance(json.loads(out), int)
+    schema = tmp_path / "s.json"
+    schema.write_text('{"enum": ["Hello", "Bye"]}')
+    assert run(["--temp", "0", "--json-schema-file", str(schema), "Say:"], capsys)[1] == '"Hello"'
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grammar", "root ::= missing"], "ember: error: the grammar cannot be used"),
+    (["--json-schema", "{bad"], "ember: error: the JSON schema is not valid JSON"),
+    (["--json-schema", '{"type": "array", "uniqueItems": true}'], "uniqueItems"),
+    (["--grammar-file", "/nonexistent/g.gbnf"], "ember: error: cannot read the grammar file /nonexistent/g.gbnf"),
+])
+def test_a_bad_constraint_is_one_line(fake, capsys, flags, message):
+    code, out, err = run([*flags, "Say:"], capsys)
+    assert code != 0 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_two_constraint_flags_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["run", "--grammar", "a", "--json-schema", "{}", "x"])
+    assert exit.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_real_model_run_with_a_json_schema():
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"],
+              "additionalProperties": False}
+    result = ember_cli("run", "--temp", "0", "-n", "40", "-c", "256", "--chat", "-j", json.dumps(schema),
+                       "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)) == {"capital"}

@@ -16,12 +16,13 @@ stream).
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ember.api.openai_format import ResponseFormat, usage
+from ember.api.tool_calls import ChatTools, ToolError, ToolRequest, ToolStyle, tool_style
 from ember.engine.constraints import Grammar, grammar_from_request
 from ember.engine.generate import Generation, SequenceCache
 from ember.engine.load import Loaded, chat_template_of
@@ -29,7 +30,16 @@ from ember.engine.load import load as load_model
 from ember.engine.sampling_params import CHAT_TEMPERATURE, SamplingParams
 from ember.engine.sampling_params import DEFAULTS as D
 
-Message = Mapping[str, str]
+Message = Mapping[str, object]
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request made ready: its prompt ids, the constraint of the reply, and its tools."""
+
+    tokens: list[int]
+    grammar: Grammar | None
+    tools: ChatTools | None
 
 
 class LLM:
@@ -68,6 +78,7 @@ class LLM:
         self.tokenizer = tokenizer
         self.name = name
         self._chat_template = chat_template
+        self._tool_style: ToolStyle | None = None
         self._seeds = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
         self._cache = SequenceCache(model)
 
@@ -105,10 +116,36 @@ class LLM:
         has_bos = bos is not None and text.startswith(self.tokenizer.token_bytes(bos).decode("utf-8", "replace"))
         return self.tokenizer.encode(text, add_special=not has_bos, parse_special=True)
 
-    def chat_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """The ids of messages rendered by the model's chat template (BOS not doubled)."""
-        text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
+    def chat_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    **template_vars) -> list[int]:
+        """The ids of messages rendered by the model's chat template (BOS not doubled);
+        template_vars reach the template as variables (tools=[...], ...)."""
+        text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt,
+                                         **template_vars)
         return self.prompt_tokens(text)
+
+    @property
+    def tool_style(self) -> ToolStyle:
+        """The format this model's chat template calls tools in (ember.api.tool_calls)."""
+        if self._tool_style is None:
+            self._tool_style = tool_style(getattr(self.chat_template, "source", ""), self.tokenizer)
+        return self._tool_style
+
+    def chat_prompt(self, messages: Sequence[Message], tools: Sequence[dict] | None = None, tool_choice=None,
+                    parallel_tool_calls: bool | None = None, grammar: Grammar | None = None) -> ChatPrompt:
+        """A chat request's prompt ids, the constraint of its reply (`grammar`, or the forced
+        tool call of tool_choice "required" / a named function) and its tools, validated."""
+        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls)
+        style = self.tool_style
+        prompt_messages, template_tools = style.prompt(list(messages), request)
+        tool_grammar = style.grammar(request)
+        if tool_grammar is not None and grammar is not None:
+            what = f"tool_choice {request.choice!r}" if request.constrained else "tools"
+            raise ToolError(f"{what} cannot be combined with response_format or another constraint "
+                            f"for this model (its replies to tools are constrained already)", "tool_choice")
+        extra = {"tools": template_tools} if template_tools else {}
+        tokens = self.chat_tokens(prompt_messages, **extra)
+        return ChatPrompt(tokens, tool_grammar or grammar, ChatTools(style, request) if request else None)
 
     # -- evaluation --------------------------------------------------------------------------
 
@@ -128,14 +165,15 @@ class LLM:
 
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                    max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
-                   logprobs: int | None = None) -> Generation:
-        """A `Generation` (an iterator of chunks with counts and timings) for a prompt text or ids."""
+                   logprobs: int | None = None, keep_special: bool = False) -> Generation:
+        """A `Generation` (an iterator of chunks with counts and timings) for a prompt text or ids;
+        keep_special: control tokens in the reply keep their text."""
         tokens = self.prompt_tokens(prompt) if isinstance(prompt, str) else list(prompt)
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
             params = _with_seed(params, int(self._seeds.integers(2**32)))
         return Generation(self.model, self.tokenizer, tokens, params, max_tokens=max_tokens, stop=stop,
-                          logprobs=logprobs, cache=self._cache)
+                          logprobs=logprobs, cache=self._cache, keep_special=keep_special)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
                  temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
@@ -211,20 +249,28 @@ class LLM:
                                top_logprobs: int | None = None, response_format: dict | None = None,
                                grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
                                regex: str | None = None, choice: Sequence[str] | None = None,
-                               ) -> dict | Iterator[dict]:
+                               tools: Sequence[dict] | None = None, tool_choice=None,
+                               parallel_tool_calls: bool | None = None) -> dict | Iterator[dict]:
         """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`).
 
         response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"name": ..., "schema": {...}, "strict": true}}; or one of generate's constraints.
+        tools: OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}];
+        tool_choice "auto" (default), "none", "required" or {"type": "function", "function":
+        {"name": ...}}; parallel_tool_calls (default true). Calls come back as
+        `message.tool_calls` with finish_reason "tool_calls"; with "required" or a name they are
+        constrained to the functions' parameter schemas.
         """
+        constraint = grammar_from_request(grammar, json_schema, regex, choice, response_format)
+        prompt = self.chat_prompt(messages, tools, tool_choice, parallel_tool_calls, constraint)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed,
-                                grammar=grammar_from_request(grammar, json_schema, regex, choice, response_format))
+                                grammar=prompt.grammar)
         n_logprobs = (top_logprobs or 0) if logprobs else None
-        generation = self.generation(self.chat_tokens(messages), params, max_tokens=max_tokens, stop=stop,
-                                     logprobs=n_logprobs)
-        response = ResponseFormat(True, self.name, self.tokenizer, logprobs=bool(logprobs))
+        generation = self.generation(prompt.tokens, params, max_tokens=max_tokens, stop=stop, logprobs=n_logprobs,
+                                     keep_special=prompt.tools is not None)
+        response = ResponseFormat(True, self.name, self.tokenizer, logprobs=bool(logprobs), tools=prompt.tools)
         return _respond(generation, response, stream)
 
     # -- lifetime ----------------------------------------------------------------------------

@@ -12,6 +12,11 @@ build their responses here, so both speak the same format:
 - a stream: chunks sharing one id; chat opens with a `{"role": "assistant"}` delta; the last
   chunk carries the finish_reason; `usage_chunk` (OpenAI's stream_options.include_usage) has
   empty choices and the usage.
+- with tools (`tools=ChatTools`): the reply is parsed into `message.tool_calls` ({"id", "type":
+  "function", "function": {"name", "arguments"}}), `content` is the text outside the calls or
+  null, and finish_reason is "tool_calls"; a stream sends the text outside calls as content
+  deltas as it comes and each call, once complete, as a `tool_calls` delta ({"index", "id",
+  "type", "function": {"name", "arguments"}}).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 import uuid
 from typing import Iterable
 
+from ember.api.tool_calls import ChatTools, ToolCall
 from ember.engine.generate import Chunk, TokenLogprob
 
 
@@ -31,10 +37,12 @@ def usage(n_prompt: int, n_generated: int) -> dict:
 class ResponseFormat:
     """The shapes of one response (chat or text completion) of the model named `model`."""
 
-    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False):
+    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False, tools: ChatTools | None = None):
         self.chat = chat
         self.tokenizer = tokenizer
         self.logprobs = logprobs
+        self.tools = tools
+        self._tool_stream = tools.stream() if tools is not None else None
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
@@ -43,8 +51,13 @@ class ResponseFormat:
     def whole(self, text: str, entries: list[TokenLogprob], finish_reason: str | None, usage: dict) -> dict:
         logprobs = self._logprobs(entries) if self.logprobs else None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
+            message: dict = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                message["content"], calls = self.tools.parse(text)
+                if calls:
+                    message["tool_calls"] = [call.openai() for call in calls]
+                    finish_reason = _tool_finish(finish_reason)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
@@ -59,6 +72,8 @@ class ResponseFormat:
 
     def chunk(self, chunk: Chunk) -> dict | None:
         """The stream chunk of a piece of generated text (None when it holds nothing)."""
+        if self._tool_stream is not None:
+            chunk = Chunk(self._tool_stream.feed(chunk.text), chunk.logprobs)
         if not chunk.text and not chunk.logprobs:
             return None
         logprobs = self._logprobs(chunk.logprobs) if self.logprobs else None
@@ -70,7 +85,7 @@ class ResponseFormat:
     def chunk_json(self, chunk: Chunk) -> str | None:
         """`chunk(chunk)` as JSON (ensure_ascii off). Without logprobs only the text differs from
         chunk to chunk, so it is written into a template of the rest."""
-        if self.logprobs or (not chunk.text and not chunk.logprobs):
+        if self.logprobs or self._tool_stream is not None or (not chunk.text and not chunk.logprobs):
             shaped = self.chunk(chunk)
             return None if shaped is None else json.dumps(shaped, ensure_ascii=False)
         if self._text_template is None:
@@ -82,10 +97,25 @@ class ResponseFormat:
         head, tail = self._text_template
         return head + json.dumps(chunk.text, ensure_ascii=False) + tail
 
-    def closing_chunk(self, finish_reason: str | None) -> dict:
-        if self.chat:
-            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
-        return self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason})
+    def closing_chunks(self, finish_reason: str | None) -> list[dict]:
+        """The chunks a stream ends with: held-back text and tool calls, then the finish_reason."""
+        if not self.chat:
+            return [self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason})]
+        chunks = []
+        if self._tool_stream is not None:
+            text, calls = self._tool_stream.finish()
+            if text:
+                chunks.append(self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None,
+                                           "finish_reason": None}))
+            chunks += [self._tool_call_chunk(index, call) for index, call in enumerate(calls)]
+            if calls:
+                finish_reason = _tool_finish(finish_reason)
+        chunks.append(self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}))
+        return chunks
+
+    def _tool_call_chunk(self, index: int, call: ToolCall) -> dict:
+        delta = {"tool_calls": [{"index": index, **call.openai()}]}
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head(self._chunk_object), "choices": [], "usage": usage}
@@ -97,7 +127,7 @@ class ResponseFormat:
             shaped = self.chunk(chunk)
             if shaped is not None:
                 yield shaped
-        yield self.closing_chunk(finish_reason())
+        yield from self.closing_chunks(finish_reason())
 
     @property
     def _chunk_object(self) -> str:
@@ -131,3 +161,8 @@ class ResponseFormat:
 
         return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                             for e in entries]}
+
+
+def _tool_finish(finish_reason: str | None) -> str | None:
+    """A reply that called tools and ended by itself finishes with "tool_calls"."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason

@@ -111,6 +111,16 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--seed", type=_int, default=None, help="random seed (default: random)")
 
 
+def _add_constraints(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--grammar", default=None, metavar="GBNF",
+                       help="constrain the output to a GBNF grammar (llama.cpp's; Lark syntax works too)")
+    group.add_argument("--grammar-file", default=None, metavar="FILE", help="the grammar from a file")
+    group.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                       help="constrain the output to JSON matching a JSON schema (e.g. '{}' for any JSON value)")
+    group.add_argument("--json-schema-file", default=None, metavar="FILE", help="the JSON schema from a file")
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad flags are one line (and exit 2), not a usage block; subparsers inherit this class."""
 
@@ -131,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (implies --chat)")
+    _add_constraints(p)
     p.set_defaults(handler="ember.cli.run:cli_run")
 
     p = sub.add_parser("chat", help="interactive conversation")

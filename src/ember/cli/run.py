@@ -14,7 +14,22 @@ from ember.errors import EmberError
 
 def sampling_from_args(args) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, seed=args.seed)
+                          repeat_penalty=args.repeat_penalty, seed=args.seed, grammar=grammar_from_args(args))
+
+
+def grammar_from_args(args):
+    """The constraint of --grammar, --grammar-file, --json-schema or --json-schema-file (None without)."""
+    grammar = getattr(args, "grammar", None)
+    schema = getattr(args, "json_schema", None)
+    if getattr(args, "grammar_file", None) is not None:
+        grammar = _read_text(args.grammar_file, "grammar")
+    if getattr(args, "json_schema_file", None) is not None:
+        schema = _read_text(args.json_schema_file, "JSON schema")
+    if grammar is None and schema is None:
+        return None
+    from ember.engine.constraints import grammar_from_request
+
+    return grammar_from_request(grammar=grammar, json_schema=schema)
 
 
 def load_llm(args):
@@ -44,12 +59,16 @@ def prompt_text(args, stdin=None) -> str:
 
 
 def _read_prompt_file(path: str) -> str:
+    return _strip_one_newline(_read_text(path, "prompt"))
+
+
+def _read_text(path: str, what: str) -> str:
     try:
-        return _strip_one_newline(Path(path).read_text(encoding="utf-8"))
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise EmberError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
+        raise EmberError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise EmberError(f"the prompt file {path} is not UTF-8 text") from None
+        raise EmberError(f"the {what} file {path} is not UTF-8 text") from None
 
 
 def _strip_one_newline(text: str) -> str:

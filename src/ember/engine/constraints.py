@@ -33,7 +33,7 @@ import numpy as np
 
 from ember.errors import EmberError
 
-_JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _SPECIAL_PREFIX = b"\xff"  # llguidance's mark of a special token in the vocabulary
 _MAX_CHOICES = 4096
 
@@ -65,7 +65,7 @@ class Grammar:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {error}") from None
         if not isinstance(schema, (dict, bool)):
             raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        options = {**_JSON_DEFAULTS, "lenient": not strict}
+        options = {**JSON_OPTIONS, "lenient": not strict}
         try:
             source = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
         except (ValueError, TypeError) as error:

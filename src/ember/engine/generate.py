@@ -12,7 +12,8 @@ one of:
 - the sampling parameters' grammar is complete and admits nothing more (finish_reason "stop").
 
 Text pieces contain only complete UTF-8 characters; control tokens (BOS, <|im_start|>, ...) add
-no text, as in llama.cpp's output. With `logprobs=n` each chunk carries the
+no text, as in llama.cpp's output, unless `keep_special` asks for their text (a tool call's
+markers, such as Mistral's [TOOL_CALLS], are control tokens). With `logprobs=n` each chunk carries the
 log-probability (under the model's raw logits) of the tokens whose text starts in it, with
 the n most likely alternatives.
 """
@@ -136,7 +137,7 @@ class Generation:
 
     def __init__(self, model, tokenizer, prompt_tokens: Sequence[int], params: SamplingParams | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
-                 logprobs: int | None = None, cache: SequenceCache | None = None):
+                 logprobs: int | None = None, cache: SequenceCache | None = None, keep_special: bool = False):
         self.prompt_tokens = list(prompt_tokens)
         if not self.prompt_tokens:
             raise EmberError("the prompt is empty")
@@ -149,7 +150,8 @@ class Generation:
         self.cache = cache or SequenceCache(model)
         self.sampler = Sampler(self.params, model.n_vocab, history=self.prompt_tokens, tokenizer=tokenizer)
         self.seed = self.sampler.seed
-        self.continuation = Continuation(tokenizer, self.sampler, self.max_tokens, self.stops, logprobs)
+        self.continuation = Continuation(tokenizer, self.sampler, self.max_tokens, self.stops, logprobs,
+                                         keep_special=keep_special)
         self.tokens = self.continuation.tokens
         self.finish_reason: str | None = None
         self.n_prompt_evaluated = 0
@@ -228,14 +230,14 @@ class Continuation:
     """
 
     def __init__(self, tokenizer, sampler: Sampler, max_tokens: int | None = None, stops: Sequence[str] = (),
-                 n_logprobs: int | None = None):
+                 n_logprobs: int | None = None, keep_special: bool = False):
         self.sampler = sampler
         self.max_tokens = max_tokens
         self.n_logprobs = n_logprobs
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self._eog_ids = tokenizer.eog_ids
-        self._decoder = tokenizer.stream_decoder(skip_special=True)
+        self._decoder = tokenizer.stream_decoder(skip_special=not keep_special)
         self._matcher = StopMatcher(stops)
         self._pending: deque[TokenLogprob] = deque()
         self._n_received = 0  # characters decoded so far

@@ -21,6 +21,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from starlette.exceptions import HTTPException
 
 from ember.api.openai_format import ResponseFormat
+from ember.api.tool_calls import ToolError
+from ember.engine.constraints import ConstraintError, grammar_from_request
 from ember.engine.sampling import SamplingParams
 from ember.errors import ContextFullError, EmberError
 from ember.server.metrics import Metrics
@@ -69,17 +71,24 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(request: Request):
         body = parse(CompletionRequest, await _read_json(request))
+        grammar = await asyncio.to_thread(_constraint, body) if body.constraint_field else None
         prompt = body.prompt
         tokens = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(llm.prompt_tokens, prompt)
         response = ResponseFormat(False, llm.name, llm.tokenizer, logprobs=body.logprobs is not None)
-        return await _generate(request, scheduler, tokens, body, response)
+        return await _generate(request, scheduler, tokens, body, response, grammar)
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(request: Request):
         body = parse(ChatRequest, await _read_json(request))
-        tokens = await asyncio.to_thread(llm.chat_tokens, [m.plain() for m in body.messages])
-        response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs)
-        return await _generate(request, scheduler, tokens, body, response)
+        grammar = await asyncio.to_thread(_constraint, body) if body.constraint_field else None
+        try:
+            prompt = await asyncio.to_thread(llm.chat_prompt, [m.plain() for m in body.messages], body.tools,
+                                             body.tool_choice, body.parallel_tool_calls, grammar)
+        except ToolError as error:
+            raise APIError(400, str(error), param=error.param) from None
+        response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs, tools=prompt.tools)
+        return await _generate(request, scheduler, prompt.tokens, body, response, prompt.grammar,
+                               keep_special=prompt.tools is not None)
 
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize(request: Request):
@@ -106,10 +115,23 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     return app
 
 
-async def _generate(request: Request, scheduler: Scheduler, tokens: list[int], body, response: ResponseFormat):
-    params = SamplingParams(**body.sampling_kwargs(body.DEFAULT_TEMPERATURE))
+def _constraint(body):
+    """The request's constraint (compiled by llguidance: run it off the event loop)."""
+    try:
+        return grammar_from_request(body.grammar, body.json_schema, body.regex, body.choice, body.response_format)
+    except ConstraintError as error:
+        raise APIError(400, str(error), param=body.constraint_field) from None
+
+
+async def _generate(request: Request, scheduler: Scheduler, tokens: list[int], body, response: ResponseFormat,
+                    grammar=None, keep_special: bool = False):
+    params = SamplingParams(**body.sampling_kwargs(body.DEFAULT_TEMPERATURE), grammar=grammar)
     events = JobEvents()
-    job = scheduler.job(tokens, params, body.max_new_tokens, body.stop or [], body.n_logprobs, events.deliver)
+    job_args = (tokens, params, body.max_new_tokens, body.stop or [], body.n_logprobs, events.deliver, keep_special)
+    try:  # a grammar's matcher (and, once per model, its vocabulary) is built off the event loop
+        job = await asyncio.to_thread(scheduler.job, *job_args) if grammar is not None else scheduler.job(*job_args)
+    except ConstraintError as error:
+        raise APIError(400, str(error), param=body.constraint_field or "tool_choice") from None
     scheduler.submit(job)
     if body.stream:
         return StreamingResponse(event_stream(scheduler, job, events, response, body.include_usage),

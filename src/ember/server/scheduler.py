@@ -96,8 +96,10 @@ class Scheduler:
     # -- the request side (any thread) -------------------------------------------------------
 
     def job(self, prompt: Sequence[int], params: SamplingParams, max_tokens: int | None,
-            stops: Sequence[str], n_logprobs: int | None, deliver: Callable[[object], None]) -> Job:
-        """A job for a prompt; raises ContextFullError when the prompt cannot fit a slot."""
+            stops: Sequence[str], n_logprobs: int | None, deliver: Callable[[object], None],
+            keep_special: bool = False) -> Job:
+        """A job for a prompt (see Continuation for keep_special); raises ContextFullError when
+        the prompt cannot fit a slot."""
         if not prompt:
             raise EmberError("the prompt is empty")
         n_ctx = self.model.n_ctx
@@ -106,7 +108,7 @@ class Scheduler:
         if max(prompt) >= self.model.n_vocab or min(prompt) < 0:
             raise EmberError(f"token ids must be in [0, {self.model.n_vocab})")
         sampler = Sampler(params, self.model.n_vocab, history=prompt, tokenizer=self.tokenizer)
-        continuation = Continuation(self.tokenizer, sampler, max_tokens, stops, n_logprobs)
+        continuation = Continuation(self.tokenizer, sampler, max_tokens, stops, n_logprobs, keep_special=keep_special)
         return Job(prompt, continuation, deliver)
 
     def submit(self, job: Job) -> None:

@@ -1,9 +1,14 @@
 """The requests the server accepts, validated strictly, and OpenAI-style error bodies.
 
 A field of the wrong type (a string for a number, a float for an integer, NaN), a value out
-of range, or a feature ember does not offer (n > 1, echo) is refused with 400 and
-`{"error": {"message", "type": "invalid_request_error", "param", "code"}}`. Unknown fields
-are ignored, as clients send extras (user, metadata, ...).
+of range, a feature ember does not offer (n > 1, echo, store: true) or a field it does not know
+is refused with 400 and `{"error": {"message", "type": "invalid_request_error", "param",
+"code"}}`. Accepted and deliberately without effect (README lists them): `user`, `metadata`,
+`store: false`, `service_tier` "auto"/"default", `stream_options.include_obfuscation`.
+
+Constraints (engine/constraints.py): OpenAI's `response_format`, llama.cpp's `grammar` (GBNF)
+and `json_schema`, and `regex` / `choice`; chat requests also take `tools`, `tool_choice` and
+`parallel_tool_calls` (api/tool_calls.py).
 
 Defaults are the Python API's (`LLM.create_completion`, `LLM.create_chat_completion`):
 a completion stops after 16 tokens unless max_tokens says otherwise, a chat reply runs to
@@ -92,11 +97,12 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Request):
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None  # accepted: ember's chunks carry no obfuscation padding
 
 
 class Sampling(_Request):
@@ -117,6 +123,24 @@ class Sampling(_Request):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=1)
+    # accepted, without effect: end-user ids and stored-completion metadata (nothing is stored)
+    user: StrictStr | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    store: Literal[False] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    # constraints: at most one (engine.constraints.grammar_from_request)
+    response_format: dict[StrictStr, Any] | None = None
+    grammar: StrictStr | None = None
+    json_schema: dict[StrictStr, Any] | StrictBool | None = None
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+
+    CONSTRAINTS: ClassVar[tuple[str, ...]] = ("response_format", "grammar", "json_schema", "regex", "choice")
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The name of the constraint field the request gives (the first, if several)."""
+        return next((name for name in self.CONSTRAINTS if getattr(self, name) is not None), None)
 
     def sampling_kwargs(self, default_temperature: float) -> dict:
         temperature = default_temperature if self.temperature is None else self.temperature
@@ -147,15 +171,33 @@ class CompletionRequest(Sampling):
         return self.logprobs
 
 
+class FunctionCall(_Request):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCallMessage(_Request):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[Any, AfterValidator(_content), Field(validate_default=True)] = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's past calls
+    tool_call_id: StrictStr | None = None  # a tool result: the call it answers
+    refusal: None = None  # sent back by clients as the response had it
 
     def plain(self) -> dict:
         message = {"role": self.role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -164,6 +206,9 @@ class ChatRequest(Sampling):
     max_completion_tokens: StrictInt | None = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[StrictStr, Any]] | None = None
+    tool_choice: StrictStr | dict[StrictStr, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     DEFAULT_TEMPERATURE: ClassVar[float] = CHAT_TEMPERATURE
 
@@ -199,6 +244,8 @@ def parse(model: type[BaseModel], payload: Any):
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "missing":
             message = f"missing required field '{param}'"
+        elif first["type"] == "extra_forbidden":
+            message = f"'{param}' is not supported by ember"
         elif param:
             message = f"invalid '{param}': {message}"
         raise APIError(400, message, param=param) from None

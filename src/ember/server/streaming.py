@@ -139,7 +139,7 @@ async def event_stream(scheduler: Scheduler, job: Job, events: JobEvents, respon
             out = []
             for event in batch:
                 if isinstance(event, Finished):
-                    out.append(_event(response.closing_chunk(event.finish_reason)))
+                    out.extend(_event(chunk) for chunk in response.closing_chunks(event.finish_reason))
                     if include_usage:
                         out.append(_event(response.usage_chunk(event.usage)))
                     out.append("data: [DONE]\n\n")
