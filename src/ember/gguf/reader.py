@@ -1,6 +1,6 @@
 """GGUF v2/v3 reader: one mmap, every count, length, size and offset checked before it is used.
 
-    with open_gguf("model.gguf") as f:
+    with open_file("model.gguf") as f:
         f.arch, f.field("context_length"), f.metadata["tokenizer.ggml.tokens"][42]
         w = f.tensors["blk.0.attn_q.weight"]     # TensorInfo: type, shape (ne0 first), offset
         w.data                                    # zero-copy uint8 view of the mapped file
@@ -10,6 +10,11 @@ A file that is malformed, truncated or hostile raises GGUFError naming the field
 the byte offset; no count taken from the file sizes an allocation before it has been checked
 against the bytes the file actually has left (the checks of ggml's gguf.cpp, and a few more).
 
+`open_file` reads one file; `ember.gguf.split.open_gguf` (what `ember.gguf.open_gguf` is) also
+joins the parts of a split model into one GGUFFile whose `parts` are the files read here.
+With `use_mmap=False` the file is read into anonymous memory instead of being mapped (what
+llama.cpp's --no-mmap does); `lock()` pins the bytes in RAM (mlock).
+
 Metadata values: strings -> str; numeric scalars -> int / float / bool; numeric arrays -> numpy
 arrays (copies, so they outlive the file); arrays of strings -> StringArray (a lazy list[str], see
 ember.gguf_strings); arrays of arrays -> list. `metadata_types` gives each key's GGUF type
@@ -18,6 +23,7 @@ ember.gguf_strings); arrays of arrays -> list. `metadata_types` gives each key's
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -90,11 +96,16 @@ class TensorInfo:
 
 
 class GGUFFile:
-    """A parsed GGUF file. Use `open_gguf`; close it (or use `with`) to release the mapping."""
+    """A parsed GGUF file. Use `open_gguf`; close it (or use `with`) to release the mapping.
 
-    def __init__(self, path: Path, mm: mmap.mmap):
+    `parts` are the files that hold its tensors: itself, or for a split model the files of its
+    parts (each tensor's data lives in the part it came from); `size` is their total size.
+    """
+
+    def __init__(self, path: Path, mm: mmap.mmap | None, parts: "list[GGUFFile] | None" = None):
         self.path = path
-        self.size = len(mm)
+        self.parts: list[GGUFFile] = parts or [self]
+        self.size = len(mm) if mm is not None else sum(part.size for part in self.parts)
         self.version = 0
         self.alignment = DEFAULT_ALIGNMENT
         self.data_offset = 0
@@ -102,7 +113,9 @@ class GGUFFile:
         self.metadata_types: dict[str, ValueSpec] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._mm = mm
-        self._buf: np.ndarray | None = np.frombuffer(mm, np.uint8)
+        self._buf: np.ndarray | None = np.frombuffer(mm, np.uint8) if mm is not None else None
+        if self._buf is not None:
+            self._buf.flags.writeable = False
 
     # -- metadata helpers
     def get(self, key: str, default: Any = None) -> Any:
@@ -119,9 +132,26 @@ class GGUFFile:
             return self.metadata[key]
         return self.metadata.get(key, default)
 
+    @property
+    def paths(self) -> list[Path]:
+        """The files of the model: this one, or every part of a split model in order."""
+        return [part.path for part in self.parts]
+
+    # -- memory
+    def lock(self) -> None:
+        """Pin the file's bytes in RAM (mlock(2)), so they are never paged out; raises OSError
+        when the system refuses (RLIMIT_MEMLOCK, `ulimit -l`)."""
+        for part in self.parts:
+            if part._buf is None:
+                raise ValueError(f"{part.path} is closed")
+            _mlock(part._buf)
+
     # -- lifetime
     def close(self) -> None:
         """Release the mapping. Views handed out earlier keep it alive until they are dropped."""
+        for part in self.parts:
+            if part is not self:
+                part.close()
         self._buf = None
         if self._mm is not None:
             try:
@@ -146,10 +176,11 @@ class GGUFFile:
         return self._buf[offset:offset + n_bytes]
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Map and parse a GGUF file; raises GGUFError if anything in it is out of bounds or invalid."""
+def open_file(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
+    """Map (or, use_mmap=False, read) and parse one GGUF file; raises GGUFError if anything in it
+    is out of bounds or invalid."""
     path = Path(path)
-    mm = _map(path)
+    mm = _map(path, use_mmap)
     gguf = GGUFFile(path, mm)
     try:
         _Parser(gguf).parse()
@@ -159,19 +190,50 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     return gguf
 
 
-def _map(path: Path) -> mmap.mmap:
+def _map(path: Path, use_mmap: bool = True) -> mmap.mmap:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER.size:
                 raise GGUFError(f"{path}: {size} bytes is too small to be a GGUF file")
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if use_mmap:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return _read_into_memory(f, size, path)
     except FileNotFoundError:
         raise ModelNotFound(f"no such file: {path}") from None
     except IsADirectoryError:
         raise GGUFError(f"{path} is a directory, not a GGUF file") from None
     except (OSError, ValueError) as exc:
         raise GGUFError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _read_into_memory(f, size: int, path: Path) -> mmap.mmap:
+    """The whole file in anonymous memory (no mapping of the file stays behind)."""
+    memory = mmap.mmap(-1, size)
+    view = memoryview(memory)
+    try:
+        done = 0
+        while done < size:
+            n = f.readinto(view[done:])
+            if not n:
+                raise GGUFError(f"{path}: the file shrank while it was read ({done} of {size} bytes)")
+            done += n
+    except BaseException:
+        view.release()
+        memory.close()
+        raise
+    view.release()
+    return memory
+
+
+def _mlock(buf: np.ndarray) -> None:
+    try:
+        mlock = ctypes.CDLL(None, use_errno=True).mlock
+    except (AttributeError, OSError, TypeError):
+        raise OSError(0, "mlock is not available on this system") from None
+    if mlock(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(buf.nbytes)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
 
 
 class _Parser:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ember.errors import EmberError
 from ember.gguf import GGUFFile, GGUFValueType, GGUFWriter, TensorInfo, open_gguf
+from ember.gguf.split import SPLIT_KEYS
 from ember.gguf.types import GGMLType, tensor_bytes
 from ember.quant.presets import (
     ModelShape,
@@ -41,7 +42,6 @@ QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION: the block layouts written h
 SOURCE_TYPES = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K,
                 T.Q5_K, T.Q6_K}
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 QUANTIZATION_VERSION_KEY, FILE_TYPE_KEY = "general.quantization_version", "general.file_type"
 _SLAB_VALUES = 1 << 22  # values converted per call into the core: bounds memory, feeds the bar
 

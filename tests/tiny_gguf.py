@@ -1,0 +1,128 @@
+"""A tiny llama-shaped GGUF model that ember runs (random weights, a byte-level BPE vocabulary),
+written with ember's own writer, and the same model as the parts of a split model.
+
+Tests that need a real model file without pulling a registry model use these: the hub's fake
+Hugging Face server serves them, the llama-cpp-python compatibility tests load them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ember.gguf import GGUFValueType, GGUFWriter
+from ember.gguf.split import split_name
+
+N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 256
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he"]
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode alphabet: the 256 one-byte tokens of a byte-level BPE vocabulary."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+TOKENS = byte_tokens() + ["Ġt", "he", "Ġthe"] + SPECIALS
+EOS_ID = TOKENS.index("<|endoftext|>")
+IM_END_ID = TOKENS.index("<|im_end|>")
+
+
+def tiny_metadata(chat_template: str | None = None, name: str = "Tiny Llama") -> list[tuple]:
+    """(key, value, type or None) in file order."""
+    types = [1] * (256 + 3) + [3] * len(SPECIALS)  # normal, then control
+    items = [
+        ("general.name", name, None),
+        ("general.file_type", 7, GGUFValueType.UINT32),  # MOSTLY_Q8_0
+        ("llama.context_length", N_CTX_TRAIN, GGUFValueType.UINT32),
+        ("llama.embedding_length", N_EMBD, GGUFValueType.UINT32),
+        ("llama.block_count", N_LAYER, GGUFValueType.UINT32),
+        ("llama.feed_forward_length", N_FF, GGUFValueType.UINT32),
+        ("llama.attention.head_count", N_HEAD, GGUFValueType.UINT32),
+        ("llama.attention.head_count_kv", N_KV_HEAD, GGUFValueType.UINT32),
+        ("llama.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32),
+        ("llama.rope.freq_base", 10000.0, GGUFValueType.FLOAT32),
+        ("tokenizer.ggml.model", "gpt2", None),
+        ("tokenizer.ggml.pre", "smollm", None),
+        ("tokenizer.ggml.tokens", TOKENS, None),
+        ("tokenizer.ggml.token_type", types, GGUFValueType.INT32),
+        ("tokenizer.ggml.merges", MERGES, None),
+        ("tokenizer.ggml.bos_token_id", EOS_ID, GGUFValueType.UINT32),
+        ("tokenizer.ggml.eos_token_id", EOS_ID, GGUFValueType.UINT32),
+        ("tokenizer.ggml.add_bos_token", False, None),
+    ]
+    if chat_template is not None:
+        items.append(("tokenizer.chat_template", chat_template, None))
+    return items
+
+
+def tiny_tensors(seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """(name, float32 array in numpy shape) in file order."""
+    rng = np.random.default_rng(seed)
+    n_vocab, head_dim = len(TOKENS), N_EMBD // N_HEAD
+
+    def matrix(rows, cols):
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    tensors = [("token_embd.weight", matrix(n_vocab, N_EMBD))]
+    for i in range(N_LAYER):
+        p = f"blk.{i}"
+        tensors += [
+            (f"{p}.attn_norm.weight", np.ones(N_EMBD, np.float32)),
+            (f"{p}.attn_q.weight", matrix(N_EMBD, N_EMBD)),
+            (f"{p}.attn_k.weight", matrix(N_KV_HEAD * head_dim, N_EMBD)),
+            (f"{p}.attn_v.weight", matrix(N_KV_HEAD * head_dim, N_EMBD)),
+            (f"{p}.attn_output.weight", matrix(N_EMBD, N_EMBD)),
+            (f"{p}.ffn_norm.weight", np.ones(N_EMBD, np.float32)),
+            (f"{p}.ffn_gate.weight", matrix(N_FF, N_EMBD)),
+            (f"{p}.ffn_up.weight", matrix(N_FF, N_EMBD)),
+            (f"{p}.ffn_down.weight", matrix(N_EMBD, N_FF)),
+        ]
+    tensors += [("output_norm.weight", np.ones(N_EMBD, np.float32)), ("output.weight", matrix(n_vocab, N_EMBD))]
+    return tensors
+
+
+def write_tiny_model(path: Path, chat_template: str | None = None, name: str = "Tiny Llama") -> Path:
+    """The tiny model as one file."""
+    writer = GGUFWriter(path, "llama")
+    for key, value, value_type in tiny_metadata(chat_template, name):
+        writer.add(key, value, value_type)
+    for tensor_name, array in tiny_tensors():
+        writer.add_tensor(tensor_name, array)
+    return writer.write()
+
+
+def write_split_model(directory: Path, prefix: str, n_parts: int, chat_template: str | None = None,
+                      split_keys=None) -> list[Path]:
+    """The tiny model as n_parts files named as llama.cpp's gguf-split names them: the first holds
+    the metadata; every part its split.* keys and a share of the tensors.
+
+    split_keys(index) -> (split.no, split.count, split.tensors.count or None) overrides the keys
+    (to make malformed sets).
+    """
+    tensors = tiny_tensors()
+    shares = np.array_split(np.arange(len(tensors)), n_parts)
+    paths = []
+    for index, share in enumerate(shares):
+        no, count, total = split_keys(index) if split_keys else (index, n_parts, len(tensors))
+        writer = GGUFWriter(directory / split_name(prefix, index, n_parts), "llama" if index == 0 else None)
+        if index == 0:
+            for key, value, value_type in tiny_metadata(chat_template):
+                writer.add(key, value, value_type)
+        writer.add("split.no", no, GGUFValueType.UINT16)
+        writer.add("split.count", count, GGUFValueType.UINT16)
+        if total is not None:
+            writer.add("split.tensors.count", total, GGUFValueType.INT32)
+        for i in share:
+            writer.add_tensor(*tensors[i])
+        paths.append(writer.write())
+    return paths
