@@ -1,6 +1,6 @@
 """Samplers, checked against a direct transcription of llama.cpp's sampler chain
-(src/llama-sampler.cpp: penalties, top-k, top-p, min-p, temperature, dist) that sorts the
-whole vocabulary."""
+(src/llama-sampler.cpp: penalties, top-k, typical, top-p, min-p, temperature, dist; mirostat and
+mirostat v2) that sorts the whole vocabulary."""
 
 from collections import Counter
 
@@ -26,8 +26,13 @@ def reference_distribution(logits, params: SamplingParams, history=()):
             x[token] = v - (np.float32(count) * np.float32(params.frequency_penalty)
                             + np.float32(params.presence_penalty))
     ids = np.lexsort((np.arange(x.size), -x))  # descending logit, ties by id
+    if params.mirostat_mode:
+        return reference_mirostat(x / np.float32(params.temperature), params.mirostat_mode,
+                                  2 * params.mirostat_tau, x.size)
     if params.top_k > 0:
         ids = ids[:params.top_k]
+    if params.typical_p < 1.0:
+        ids = reference_typical(x, ids, params.typical_p)
     if params.top_p < 1.0:
         probs = softmax(x[ids])
         cum = 0.0
@@ -40,6 +45,43 @@ def reference_distribution(logits, params: SamplingParams, history=()):
         threshold = x[ids[0]] + np.float32(np.log(params.min_p))
         ids = np.array([i for i in ids if x[i] >= threshold])
     return ids, softmax(x[ids] / np.float32(params.temperature))
+
+
+def reference_typical(x, ids, typical_p):
+    """llama_sampler_typical_apply: rank by |-log p - H|, keep until the running sum exceeds p
+    (then back in logit order, the order ember draws in)."""
+    probs = softmax(x[ids])
+    entropy = -sum(p * np.log(p) for p in probs)
+    shifted = [abs(-np.log(p) - entropy) for p in probs]
+    order = sorted(range(len(ids)), key=lambda i: shifted[i])
+    cum, last = 0.0, len(order)
+    for i, index in enumerate(order):
+        cum += probs[index]
+        if cum > typical_p:
+            last = i + 1
+            break
+    return ids[sorted(order[:last])]
+
+
+def reference_mirostat(x, mode, mu, n_vocab, m=100):
+    """llama_sampler_mirostat_apply / llama_sampler_mirostat_v2_apply, up to the draw."""
+    ids = np.lexsort((np.arange(x.size), -x))
+    probs = softmax(x[ids])
+    if mode == 1:
+        sum_ti_bi = sum_ti_sq = 0.0
+        for i in range(min(m - 1, len(ids) - 1)):
+            t_i = np.log((i + 2) / (i + 1))
+            b_i = np.log(probs[i] / probs[i + 1])
+            sum_ti_bi += t_i * b_i
+            sum_ti_sq += t_i * t_i
+        s_hat = sum_ti_bi / sum_ti_sq
+        epsilon_hat = s_hat - 1
+        k = ((epsilon_hat * 2 ** mu) / (1 - n_vocab ** -epsilon_hat)) ** (1 / s_hat)
+        ids = ids[:max(int(k), 1)]
+    else:
+        n = next((i for i, p in enumerate(probs) if -np.log2(p) > mu), len(ids))
+        ids = ids[:max(n, 1)]
+    return ids, softmax(x[ids])
 
 
 def softmax(v):
@@ -60,6 +102,7 @@ def test_defaults_are_llama_cpps():
     p = SamplingParams()
     assert (p.temperature, p.top_k, p.top_p, p.min_p) == (0.8, 40, 0.95, 0.05)
     assert (p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty) == (64, 1.0, 0.0, 0.0)
+    assert (p.typical_p, p.mirostat_mode, p.mirostat_tau, p.mirostat_eta) == (1.0, 0, 5.0, 0.1)
     assert p.logit_bias is None and p.seed is None
 
 
@@ -79,6 +122,15 @@ CHAINS = [
     dict(repeat_penalty=0.7, repeat_last_n=3),
     dict(repeat_penalty=1.5, repeat_last_n=-1, top_k=0),
     dict(logit_bias={7: 25.0, 3: -np.inf}),
+    dict(typical_p=0.5),
+    dict(typical_p=0.9, top_k=0, min_p=0.0),
+    dict(typical_p=0.2, top_k=100, top_p=0.9, temperature=1.3),
+    dict(typical_p=0.0),
+    dict(mirostat_mode=1),
+    dict(mirostat_mode=1, mirostat_tau=2.0, temperature=1.5),
+    dict(mirostat_mode=2),
+    dict(mirostat_mode=2, mirostat_tau=0.5),
+    dict(mirostat_mode=2, mirostat_tau=9.0, temperature=0.5, repeat_penalty=1.3),
 ]
 
 
@@ -102,6 +154,38 @@ def test_distribution_over_a_qwen_sized_vocabulary(chain):
     ref_ids, ref_probs = reference_distribution(logits, params)
     assert ids.tolist() == ref_ids.tolist()
     np.testing.assert_allclose(probs, ref_probs, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode, tau, eta", [(1, 5.0, 0.1), (1, 3.0, 0.5), (2, 5.0, 0.1), (2, 1.0, 1.0)])
+def test_mirostat_moves_mu_by_the_surprise_of_each_draw(mode, tau, eta):
+    params = SamplingParams(mirostat_mode=mode, mirostat_tau=tau, mirostat_eta=eta, seed=3, temperature=1.0)
+    sampler = Sampler(params, 2000)
+    mu = 2 * tau
+    for step in range(12):
+        logits = llm_like_logits(2000, seed=step)
+        ids, probs = sampler.distribution(logits)
+        ref_ids, ref_probs = reference_mirostat(logits, mode, mu, 2000)
+        assert ids.tolist() == ref_ids.tolist()
+        np.testing.assert_allclose(probs, ref_probs, rtol=1e-6)
+        token = sampler.sample(logits)
+        drawn = ref_probs[ref_ids.tolist().index(token)]
+        mu -= eta * (-np.log2(drawn) - tau)
+        assert sampler.mu == pytest.approx(mu, rel=1e-9)
+
+
+def test_mirostat_keeps_surprise_near_its_target():
+    """What mirostat is for: the mean surprise of the drawn tokens (under the distribution they
+    were drawn from) settles at tau."""
+    rng = np.random.default_rng(0)
+    for mode in (1, 2):
+        sampler = Sampler(SamplingParams(mirostat_mode=mode, mirostat_tau=3.0, seed=5, temperature=1.0), 4000)
+        surprises = []
+        for _ in range(400):
+            logits = (rng.standard_normal(4000) * 3).astype(np.float32)
+            ids, probs = sampler.distribution(logits)
+            token = sampler.sample(logits)
+            surprises.append(-np.log2(probs[ids.tolist().index(token)]))
+        assert np.mean(surprises[100:]) == pytest.approx(3.0, abs=0.3)
 
 
 def test_top_k_ids_are_the_k_largest_largest_first():
@@ -264,7 +348,8 @@ def test_token_logprobs_are_the_log_softmax_of_the_logits():
     dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=1.5), dict(top_p=-0.1),
     dict(min_p=2.0), dict(repeat_penalty=0.0), dict(repeat_last_n=-2), dict(top_k=2.5),
     dict(frequency_penalty=float("inf")), dict(logit_bias={"x": 1.0}), dict(logit_bias={-1: 1.0}),
-    dict(seed="7"),
+    dict(seed="7"), dict(typical_p=1.5), dict(mirostat_mode=3), dict(mirostat_mode=-1), dict(mirostat_tau=-1.0),
+    dict(mirostat_eta=float("nan")),
 ])
 def test_out_of_range_parameters_are_refused_with_one_line(bad):
     with pytest.raises(InvalidParameter) as info:

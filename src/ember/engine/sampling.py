@@ -3,7 +3,11 @@
 The chain is llama.cpp's default order (`common_params_sampling` in its common/common.h),
 applied to the raw logits, with a grammar's mask first:
 
-    grammar mask -> logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> random draw
+    grammar mask -> logit bias -> penalties -> top-k -> typical-p -> top-p -> min-p -> temperature -> random draw
+
+or, with mirostat (which replaces the filters, as in llama.cpp's common_sampler):
+
+    grammar mask -> logit bias -> penalties -> temperature -> mirostat (v1 or v2) -> random draw
 
 - grammar mask (engine/constraints.py, when the parameters carry a `grammar`): tokens that
   would take the text out of the grammar get -inf, so no later step can pick them. Greedy
@@ -14,6 +18,10 @@ applied to the raw logits, with a grammar's mask first:
   `logit * repeat_penalty` (the CTRL penalty with the usual fix for negative logits), then
   `logit - c * frequency_penalty - presence_penalty` (OpenAI's penalties).
 - top-k keeps the k largest logits (k <= 0: off).
+- typical-p (locally typical sampling, Meister et al. 2022; llama.cpp's `typical`): with p_i the
+  softmax (temperature 1) of the candidates and H = -sum p_i ln p_i their entropy, the
+  candidates are ranked by |-ln p_i - H| (most typical first) and the shortest run of that
+  ranking whose probability exceeds typical_p is kept (typical_p = 1: off).
 - top-p keeps the shortest run of the most probable tokens whose probability (softmax at
   temperature 1 over what top-k kept) reaches p (p = 1: off).
 - min-p keeps the tokens with p_i >= min_p * p_max, i.e. logit_i >= logit_max + ln(min_p)
@@ -25,10 +33,17 @@ applied to the raw logits, with a grammar's mask first:
   `dist`). Candidates are in descending logit order, ties to the lower id; with no filter at
   all (top-k, top-p and min-p off) they are the whole vocabulary in id order.
 
-Defaults are llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
-repeat_last_n 64, repeat_penalty 1.0 (off), frequency and presence penalties 0 (off).
-Typical-p, XTC, DRY, mirostat and top-n-sigma (all off by default in llama.cpp) are not
-implemented.
+- mirostat v1 (Basu et al. 2021; llama.cpp's `mirostat` with m = 100): from the m most probable
+  tokens, s_hat = sum t_i b_i / sum t_i^2 with t_i = ln((i+2)/(i+1)), b_i = ln(p_i / p_(i+1));
+  then k = (eps 2^mu / (1 - n_vocab^-eps))^(1/s_hat) with eps = s_hat - 1, and the draw is
+  from the top max(k, 1).
+- mirostat v2: the draw is from the tokens whose surprise -log2 p_i is at most mu (at least one).
+  Both renormalize before the draw and then move mu by -eta (surprise of the drawn token - tau),
+  starting from mu = 2 tau; mu lives as long as the request.
+
+Defaults are llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0 (off),
+repeat_last_n 64, repeat_penalty 1.0 (off), frequency and presence penalties 0 (off), mirostat
+off (tau 5.0, eta 0.1). XTC, DRY and top-n-sigma (off by default in llama.cpp) are not implemented.
 
 Speed (benchmarks/sampling_speed.py): the vocabulary is never argsorted. Top-k gathers a small
 superset of the k largest logits with one comparison pass (the threshold is the k-th largest
@@ -80,6 +95,7 @@ class Sampler:
         self._window_size = None if params.repeat_last_n < 0 else params.repeat_last_n
         self._counts: Counter[int] = Counter()
         self._all_ids: np.ndarray | None = None
+        self.mu = 2.0 * params.mirostat_tau  # mirostat's running surprise bound
         for token in history:
             self._remember(token)
 
@@ -108,10 +124,13 @@ class Sampler:
         if self.params.greedy:
             return self._greedy(logits)
         candidates, probs = self._candidates(self.adjusted(logits))
-        token = candidates.token(_draw(probs, self._rng.random()))
-        if self.constraint is not None and not self.constraint.is_allowed(token):  # a zero-probability draw
-            token = candidates.token(int(np.argmax(probs)))
-        return token
+        rank = _draw(probs, self._rng.random())
+        if self.constraint is not None and not self.constraint.is_allowed(candidates.token(rank)):
+            rank = int(np.argmax(probs))  # a zero-probability draw
+        if self.params.mirostat_mode:
+            surprise = -math.log2(float(probs[rank]))
+            self.mu -= self.params.mirostat_eta * (surprise - self.params.mirostat_tau)
+        return candidates.token(rank)
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The candidates the next draw chooses from, in draw order, and their probabilities."""
@@ -159,14 +178,19 @@ class Sampler:
     def _candidates(self, x: np.ndarray) -> tuple["_Candidates", np.ndarray]:
         """The candidates in draw order, and their probabilities after the whole chain."""
         p = self.params
+        if p.mirostat_mode:
+            return _mirostat_candidates(x / np.float32(p.temperature), p.mirostat_mode, self.mu, self.n_vocab)
         top_k_on = 0 < p.top_k < x.size
-        if not top_k_on and p.top_p >= 1.0 and p.min_p <= 0.0:
+        typical_on = p.typical_p < 1.0
+        if not top_k_on and not typical_on and p.top_p >= 1.0 and p.min_p <= 0.0:
             if self._all_ids is None:
                 self._all_ids = np.arange(x.size)
             return _Candidates(x, ids=self._all_ids), _softmax(x / np.float32(p.temperature))
-        if top_k_on:
-            ids = top_k_ids(x, p.top_k)
+        if top_k_on or typical_on:
+            ids = top_k_ids(x, p.top_k) if top_k_on else _sorted_desc(np.arange(x.size), x)
             candidates = _Candidates(x[ids], ids=ids)
+            if typical_on:
+                candidates = _typical(candidates, p.typical_p)
             log_z = _log_sum_exp(candidates.values)
         else:
             candidates, log_z = _whole_vocab_candidates(x, p.top_p, p.min_p)
@@ -206,6 +230,47 @@ class _Candidates:
         if self.ids is not None:
             return self.ids[:n]
         return self.pool[np.lexsort((self.pool, -self.pool_values))][:n]
+
+
+def _typical(candidates: _Candidates, typical_p: float) -> _Candidates:
+    """The locally typical candidates (llama.cpp's `typical` sampler), still in rank order."""
+    values = candidates.values.astype(np.float64)
+    log_p = values - _log_sum_exp(values)
+    p = np.exp(log_p)
+    entropy = -float(np.sum(p[p > 0] * log_p[p > 0]))  # banned tokens (-inf) add nothing
+    order = np.argsort(np.abs(-log_p - entropy), kind="stable")
+    cumulative = np.cumsum(p[order])
+    keep = min(int(np.searchsorted(cumulative, typical_p, side="right")) + 1, order.size)
+    kept = np.sort(order[:keep])
+    return _Candidates(candidates.values[kept], ids=candidates.ids[kept])
+
+
+_MIROSTAT_M = 100  # tokens that estimate s_hat (llama.cpp's m)
+
+
+def _mirostat_candidates(x: np.ndarray, mode: int, mu: float, n_vocab: int) -> tuple[_Candidates, np.ndarray]:
+    """The candidates mirostat (v1 or v2) draws from at bound mu, and their renormalized
+    probabilities; x are the logits after temperature."""
+    log_z = _log_sum_exp(x)
+    if mode == 2:
+        # -log2 p_i <= mu  <=>  x_i >= log Z - mu ln 2; the most probable token always stays
+        pool = np.flatnonzero(x >= np.float32(log_z - mu * math.log(2.0)))
+        ids = _sorted_desc(pool, x) if pool.size else np.array([int(np.argmax(x))])
+    else:
+        top = top_k_ids(x, _MIROSTAT_M)
+        log_p = x[top].astype(np.float64) - log_z
+        i = np.arange(top.size - 1, dtype=np.float64)
+        t = np.log((i + 2) / (i + 1))
+        b = log_p[:-1] - log_p[1:]
+        s_hat = float(np.sum(t * b) / np.sum(t * t)) if top.size > 1 else 1.0
+        eps = s_hat - 1.0
+        with np.errstate(all="ignore"):
+            k = float(np.power(eps * np.exp2(mu) / (1.0 - np.power(float(n_vocab), -eps)), 1.0 / s_hat))
+        k = int(k) if math.isfinite(k) and k < x.size else x.size
+        k = max(k, 1)
+        ids = top[:k] if k <= top.size else top_k_ids(x, k)
+    values = x[ids]
+    return _Candidates(values, ids=ids), _softmax(values)
 
 
 def apply_penalties(logits: np.ndarray, counts: np.ndarray, repeat: float, frequency: float,

@@ -34,10 +34,14 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     grammar: Grammar | None = None
@@ -47,12 +51,18 @@ class SamplingParams:
         _check_int("top_k", self.top_k)
         _check_number("top_p", self.top_p, low=0.0, high=1.0)
         _check_number("min_p", self.min_p, low=0.0, high=1.0)
+        _check_number("typical_p", self.typical_p, low=0.0, high=1.0)
         _check_number("repeat_penalty", self.repeat_penalty)
         if self.repeat_penalty <= 0:
             raise InvalidParameter(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         _check_int("repeat_last_n", self.repeat_last_n, low=-1)
         _check_number("frequency_penalty", self.frequency_penalty)
         _check_number("presence_penalty", self.presence_penalty)
+        _check_int("mirostat_mode", self.mirostat_mode, low=0)
+        if self.mirostat_mode > 2:
+            raise InvalidParameter(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
+        _check_number("mirostat_tau", self.mirostat_tau, low=0.0)
+        _check_number("mirostat_eta", self.mirostat_eta, low=0.0)
         if self.seed is not None:
             _check_int("seed", self.seed)
         object.__setattr__(self, "logit_bias", _normalized_bias(self.logit_bias))
