@@ -103,12 +103,15 @@ def test_from_metadata_reads_the_files_template_and_special_tokens(model):
 
 
 @pytest.mark.model
-def test_a_model_without_a_template_gets_chatml():
+def test_a_model_without_a_template_gets_its_familys_format():
+    from ember.engine.load import chat_template_source
+
     assert "tokenizer.chat_template" not in metadata("gemma3-270m")
-    template = ChatTemplate.from_metadata(metadata("gemma3-270m"))
-    assert template.source == DEFAULT_TEMPLATE
-    assert template.render([{"role": "user", "content": "Hi"}]) == (
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    source, origin = chat_template_source(metadata("gemma3-270m"))
+    assert origin.startswith("built-in gemma")
+    template = ChatTemplate.from_metadata(metadata("gemma3-270m"), source)
+    assert template.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]) == (
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n")
 
 
 def test_default_template_is_chatml():

@@ -26,16 +26,10 @@ from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ember.errors import EmberError
+from ember.tokenizer.chat_formats import BUILTIN, FALLBACK
 
-# Used when the model has no tokenizer.chat_template (as llama.cpp does): ChatML.
-DEFAULT_TEMPLATE = (
-    "{%- for message in messages -%}\n"
-    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|im_start|>assistant\\n' -}}\n"
-    "{%- endif -%}"
-)
+# ChatML: the last resort for a model whose file has no template (chat_formats picks the family's)
+DEFAULT_TEMPLATE = BUILTIN[FALLBACK]
 
 _MAX_REPEAT = 1 << 20  # longest string or list a template may build with * (1 Mi items)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -46,10 +40,13 @@ class ChatTemplateError(EmberError):
 
 
 class ChatTemplate:
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+    """A compiled template; `origin` says where it came from (the model file, a built-in format, ...)."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = ""):
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.origin = origin
         try:
             self._template = _environment().from_string(source)
         except TemplateSyntaxError as error:
@@ -57,10 +54,12 @@ class ChatTemplate:
                 f"the chat template does not parse: {error.message} (line {error.lineno})") from None
 
     @classmethod
-    def from_metadata(cls, metadata: dict) -> ChatTemplate:
-        """The model's template (ChatML when it has none), with its BOS and EOS texts."""
-        source = metadata.get("tokenizer.chat_template") or DEFAULT_TEMPLATE
-        return cls(str(source), _token_text(metadata, "bos"), _token_text(metadata, "eos"))
+    def from_metadata(cls, metadata: dict, source: str | None = None, origin: str = "") -> ChatTemplate:
+        """`source` (default: the model's template, ChatML when it has none) with the model's BOS
+        and EOS texts."""
+        if source is None:
+            source = metadata.get("tokenizer.chat_template") or DEFAULT_TEMPLATE
+        return cls(str(source), _token_text(metadata, "bos"), _token_text(metadata, "eos"), origin)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The conversation as one prompt string; `extra` reaches the template as variables
