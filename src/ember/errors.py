@@ -25,3 +25,12 @@ class DownloadError(EmberError):
 
 class ContextFullError(EmberError):
     """The prompt (plus what was generated) does not fit in the context window."""
+
+
+class Unsupported(EmberError, NotImplementedError):
+    """An option or argument ember knows of but does not implement (named in the message)."""
+
+
+class EmberWarning(UserWarning):
+    """Something worth saying that does not stop the work (a setting beyond what the model or the
+    machine has); the CLI prints it as one line, `ember: warning: ...`."""

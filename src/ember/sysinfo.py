@@ -7,14 +7,22 @@ import platform
 from pathlib import Path
 
 
+def _allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return list(range(os.cpu_count() or 1))
+
+
+def available_cpus() -> int:
+    """Logical CPUs this process may run on."""
+    return max(1, len(_allowed_cpus()))
+
+
 def physical_cores() -> int:
     """Physical cores among the CPUs this process may run on (hyper-threads counted once)."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = list(range(os.cpu_count() or 1))
     cores = set()
-    for cpu in cpus:
+    for cpu in _allowed_cpus():
         topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
             cores.add((topo.joinpath("physical_package_id").read_text().strip(),

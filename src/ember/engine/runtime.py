@@ -5,17 +5,18 @@ cache of `n_seq` sequence slots. `eval` appends tokens to a sequence and returns
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ember import _core
-from ember.errors import ContextFullError, EmberError
+from ember.errors import ContextFullError, EmberError, EmberWarning
 from ember.gguf import GGUFFile, open_gguf
 from ember.models import architecture
 from ember.models.blocks import Builder
-from ember.sysinfo import physical_cores
+from ember.sysinfo import available_cpus, physical_cores
 
 DEFAULT_MAX_CTX = 4096
 ACTIVATIONS = ("int8", "f32")
@@ -24,8 +25,10 @@ ACTIVATIONS = ("int8", "f32")
 class Model:
     """A loaded model: an opened GGUF file, or the path of one (names are resolved by engine.load).
 
-    n_ctx: context length per sequence (default: the model's, capped at 4096).
-    n_threads: compute threads (default: physical cores).
+    n_ctx: context length per sequence (default: the model's, capped at 4096; 0: the model's own,
+        as llama.cpp's -c 0). Beyond the model's training context it warns (EmberWarning).
+    n_threads: compute threads (default: physical cores); more than the CPUs the process may use
+        warns.
     n_seq: sequence slots sharing the weights (the server's parallel requests).
     n_batch: tokens per graph run; longer prompts are processed in chunks of this size.
     n_outputs: most rows of logits one run returns (logits="all" is chunked to fit).
@@ -42,7 +45,7 @@ class Model:
         self.hp = arch.hparams(self.gguf)
         self.n_vocab = self.hp.n_vocab
         self.n_ctx_train = self.hp.n_ctx_train
-        self.n_ctx = int(n_ctx or min(self.n_ctx_train, DEFAULT_MAX_CTX))
+        self.n_ctx = int(context_length(n_ctx, self.n_ctx_train))
         self.n_threads = int(n_threads or physical_cores())
         self.n_seq = int(n_seq)
         self.n_batch = int(min(n_batch, self.n_ctx))
@@ -53,6 +56,7 @@ class Model:
                 raise EmberError(f"{name} must be positive, got {value}")
         if activations not in ACTIVATIONS:
             raise EmberError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        _warn_beyond_model_and_machine(self.n_ctx, self.n_ctx_train, self.n_threads)
         self.activations = activations
         self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
         builder = Builder(self.graph, self.gguf, self.hp)
@@ -170,6 +174,26 @@ class Model:
     def close(self) -> None:
         self.graph = None
         self.gguf.close()
+
+
+def context_length(n_ctx: int | None, n_ctx_train: int) -> int:
+    """The context a request for n_ctx gets: None -> the model's, capped at DEFAULT_MAX_CTX;
+    0 -> the model's own; anything else as given."""
+    if n_ctx is None:
+        return min(n_ctx_train, DEFAULT_MAX_CTX)
+    return n_ctx_train if n_ctx == 0 else n_ctx
+
+
+def _warn_beyond_model_and_machine(n_ctx: int, n_ctx_train: int, n_threads: int) -> None:
+    if n_ctx > n_ctx_train:
+        warnings.warn(EmberWarning(
+            f"the context of {n_ctx} tokens is larger than the model's training context ({n_ctx_train}); "
+            f"output past {n_ctx_train} tokens may degrade"), stacklevel=3)
+    n_cpus = available_cpus()
+    if n_threads > n_cpus:
+        warnings.warn(EmberWarning(
+            f"{n_threads} threads is more than the {n_cpus} CPUs this process can use, which is slower; "
+            f"the default is {physical_cores()} (the physical cores)"), stacklevel=3)
 
 
 def planned_memory(path, n_ctx: int | None = None) -> dict:
