@@ -115,7 +115,7 @@ BAD_VALUES = [
     (["--top-p", "1.5"], "--top-p"),
     (["--top-p", "-0.1"], "--top-p"),
     (["--min-p", "2"], "--min-p"),
-    (["-c", "0"], "--ctx-size"),
+    (["-c", "-1"], "--ctx-size"),
     (["--activations", "int4"], "--activations"),
 ]
 

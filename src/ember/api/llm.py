@@ -53,12 +53,18 @@ class LLM:
     n_batch: prompt tokens evaluated per step.
     activations: "int8" (default, 8-bit activations and integer dot products, as llama.cpp) or
       "f32" (dequantized weights, unrounded activations: closest to a float reference, slower).
+    use_mmap: map the file (default) or, False, read it into memory; use_mlock: lock it in RAM.
+    chat_template: instead of the model's template, a built-in format's name (chatml, llama3,
+      gemma, ...), a template file or template text.
     """
 
     def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
-                 seed: int | None = None, n_batch: int = 512, activations: str = "int8"):
-        loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations)
+                 seed: int | None = None, n_batch: int = 512, activations: str = "int8", use_mmap: bool = True,
+                 use_mlock: bool = False, chat_template: str | None = None):
+        loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations,
+                            use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template)
         self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed)
+        self._template_override = chat_template  # parsed on first use, like the file's own
 
     @classmethod
     def from_loaded(cls, loaded: Loaded, seed: int | None = None) -> "LLM":
@@ -79,6 +85,7 @@ class LLM:
         self.name = name
         self._chat_template = chat_template
         self._tool_style: ToolStyle | None = None
+        self._template_override: str | None = None
         self._seeds = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
         self._cache = SequenceCache(model)
 
@@ -95,7 +102,7 @@ class LLM:
     @property
     def chat_template(self):
         if self._chat_template is None:
-            self._chat_template = chat_template_of(self.model.gguf)
+            self._chat_template = chat_template_of(self.model.gguf, self._template_override)
         return self._chat_template
 
     # -- tokens ------------------------------------------------------------------------------

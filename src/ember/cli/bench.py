@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ember.cli.main import batch_size
 from ember.hub import resolve_model
 from ember.sysinfo import physical_cores
 
@@ -79,7 +80,9 @@ def generation_speeds(model, n_gen: int, repetitions: int) -> list[float]:
 
 
 def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=None, repetitions: int = 5,
-              progress=None, activations: str = "int8") -> list[BenchResult]:
+              progress=None, activations: str = "int8", n_batch: int | None = None, use_mmap: bool = True,
+              use_mlock: bool = False) -> list[BenchResult]:
+    """n_batch: tokens per graph run of the pp test (default: the whole prompt in one run)."""
     from ember.cli.info import describe
     from ember.engine.load import load
 
@@ -87,8 +90,9 @@ def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=Non
     results = []
     for n_threads in threads or [physical_cores()]:
         start = time.perf_counter()
-        loaded = load(path, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads, n_batch=max(n_prompt, 1),
-                      activations=activations)
+        loaded = load(path, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads,
+                      n_batch=min(n_batch, max(n_prompt, 1)) if n_batch else max(n_prompt, 1),
+                      activations=activations, use_mmap=use_mmap, use_mlock=use_mlock)
         model = loaded.model
         load_ms = (time.perf_counter() - start) * 1000
         summary = describe(loaded.gguf)
@@ -135,8 +139,9 @@ def cli_bench(args) -> int:
     def progress(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    given_batch = args.batch_size or args.ubatch_size
     results = run_bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, progress,
-                        args.activations)
+                        args.activations, batch_size(args) if given_batch else None, args.mmap, args.mlock)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
     elif args.output == "csv":

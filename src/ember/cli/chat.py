@@ -24,15 +24,17 @@ class ChatSession:
 
     max_tokens: the most tokens of one reply (None: until the model stops or the context fills);
     that much room (at most half the context) is kept free for the reply when old turns are dropped.
-    notice: where to say that turns were dropped.
+    notice: where to say that turns were dropped. stop: strings that end a reply (-r, --stop).
     """
 
     def __init__(self, llm, system: str | None = None, params: SamplingParams | None = None,
-                 max_tokens: int | None = None, notice: Callable[[str], None] = lambda text: None):
+                 max_tokens: int | None = None, notice: Callable[[str], None] = lambda text: None,
+                 stop: list[str] | None = None):
         self.llm = llm
         self.system = system
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
+        self.stop = stop
         self.notice = notice
         self.messages: list[dict[str, str]] = []
         self.clear()
@@ -53,7 +55,7 @@ class ChatSession:
         except ContextFullError:
             self.messages.pop()
             raise
-        generation = self.llm.generation(tokens, self.params, max_tokens=self.max_tokens)
+        generation = self.llm.generation(tokens, self.params, max_tokens=self.max_tokens, stop=self.stop)
         pieces = []
         try:
             for chunk in generation:
@@ -170,10 +172,11 @@ def _enable_line_editing() -> None:
 
 
 def cli_chat(args) -> int:
-    from ember.cli.run import load_llm, sampling_from_args
+    from ember.cli.run import for_model, load_llm, sampling_from_args
 
     params = sampling_from_args(args)
     llm, _ = load_llm(args)
-    session = ChatSession(llm, system=args.system, params=params, max_tokens=args.n_predict,
-                          notice=lambda text: print(text, file=sys.stderr, flush=True))
+    session = ChatSession(llm, system=args.system, params=for_model(params, args, llm.tokenizer),
+                          max_tokens=args.n_predict, notice=lambda text: print(text, file=sys.stderr, flush=True),
+                          stop=args.stop)
     return repl(session)

@@ -28,21 +28,24 @@ def cli_info(args) -> int:
     if args.model:
         path = _resolve(args.model)
         with open_gguf(path) as f:
-            report["model"] = describe(f)
+            report["model"] = describe(f, getattr(args, "chat_template", None))
             if args.tensors:
                 report["tensors"] = list_tensors(f)
         if args.memory:
             report["memory"] = _planned_memory(path, getattr(args, "ctx_size", None))
     elif not args.system:
-        raise EmberError("ember info needs a MODEL (registry name or .gguf path), or --system")
+        raise EmberError("ember info needs a MODEL (-m: registry name, .gguf path or ORG/REPO[:QUANT]), or --system")
     elif args.tensors or args.memory:
         raise EmberError("--tensors and --memory need a MODEL")
     print(json.dumps(report, indent=2, default=_plain) if args.json else render(report))
     return 0
 
 
-def describe(f: GGUFFile) -> dict[str, Any]:
-    """The facts `ember info` shows about a model file, as plain JSON-able values."""
+def describe(f: GGUFFile, chat_template: str | None = None) -> dict[str, Any]:
+    """The facts `ember info` shows about a model file, as plain JSON-able values
+    (chat_template: the --chat-template given, which decides the chat format reported)."""
+    from ember.engine.load import chat_template_source
+
     heads = _plain(f.field("attention.head_count", None))
     embedding = _plain(f.field("embedding_length", None))
     head_dim = _plain(f.field("attention.key_length", None))
@@ -72,6 +75,8 @@ def describe(f: GGUFFile) -> dict[str, Any]:
         "tokenizer": f.get("tokenizer.ggml.model"),
         "tokenizer_pre": f.get("tokenizer.ggml.pre"),
         "chat_template": "tokenizer.chat_template" in f.metadata,
+        "chat_format": chat_template_source(f.metadata, chat_template)[1],
+        "files": [str(p) for p in f.paths],
     }
 
 
@@ -111,7 +116,10 @@ def _render_model(m: dict[str, Any]) -> str:
         ("feed forward", m["feed_forward_length"]),
         ("vocabulary", _vocabulary(m)),
         ("chat template", "yes" if m["chat_template"] else "no"),
+        ("chat format", m["chat_format"]),
     ]
+    if len(m["files"]) > 1:
+        rows.insert(1, ("split", f"{len(m['files'])} files: {m['files'][0]} ..."))
     return "\n".join(f"{label:<14} {'-' if value is None else value}" for label, value in rows)
 
 

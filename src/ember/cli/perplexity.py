@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from ember.cli.main import batch_size
 from ember.engine.load import load
 from ember.engine.perplexity import chunk_count, perplexity
 from ember.errors import EmberError
@@ -17,15 +18,15 @@ def cli_perplexity(args) -> int:
             text = fh.read()
     except OSError as exc:
         raise EmberError(f"cannot read {args.file}: {exc.strerror}") from None
-    n_batch = min(args.batch_size or args.ctx_size, args.ctx_size)
-    loaded = load(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch,
-                  n_outputs=args.ctx_size, activations=args.activations)
+    n_batch = batch_size(args, default=args.ctx_size or 2048)  # the logits of every token of a batch are kept
+    loaded = load(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=n_batch,
+                  activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock)
     model, tokenizer = loaded.model, loaded.tokenizer
+    n_ctx = model.n_ctx  # -c 0: the model's own
     tokens = tokenizer.encode(text, add_special=True)
     bos = tokenizer.bos_id if tokenizer.add_bos else None
-    print(f"perplexity: {len(tokens)} tokens, {chunk_count(len(tokens), args.ctx_size)} chunks of {args.ctx_size}",
-          file=sys.stderr)
-    result = perplexity(model, tokens, args.ctx_size, bos, args.chunks, None if args.json else _progress_bar)
+    print(f"perplexity: {len(tokens)} tokens, {chunk_count(len(tokens), n_ctx)} chunks of {n_ctx}", file=sys.stderr)
+    result = perplexity(model, tokens, n_ctx, bos, args.chunks, None if args.json else _progress_bar)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

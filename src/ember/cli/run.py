@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from ember.cli.main import batch_size
 from ember.engine.sampling import SamplingParams
 from ember.errors import EmberError
 
 
 def sampling_from_args(args) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, seed=args.seed, grammar=grammar_from_args(args))
+                          typical_p=args.typical_p, repeat_penalty=args.repeat_penalty,
+                          repeat_last_n=args.repeat_last_n, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, mirostat_mode=args.mirostat,
+                          mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr, seed=args.seed,
+                          grammar=grammar_from_args(args))
 
 
 def grammar_from_args(args):
@@ -32,6 +38,13 @@ def grammar_from_args(args):
     return grammar_from_request(grammar=grammar, json_schema=schema)
 
 
+def for_model(params: SamplingParams, args, tokenizer) -> SamplingParams:
+    """The options that need the model's vocabulary: --ignore-eos bans its end-of-generation tokens."""
+    if not args.ignore_eos:
+        return params
+    return replace(params, logit_bias={**(params.logit_bias or {}), **{t: float("-inf") for t in tokenizer.eog_ids}})
+
+
 def load_llm(args):
     """The LLM the flags name, and how long loading took (seconds, a pull excluded)."""
     from ember.api.llm import LLM
@@ -39,7 +52,8 @@ def load_llm(args):
 
     path = resolve_model(args.model)
     start = time.perf_counter()
-    llm = LLM(path, n_ctx=args.ctx_size, n_threads=args.threads, activations=args.activations)
+    llm = LLM(path, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=batch_size(args), activations=args.activations,
+              use_mmap=args.mmap, use_mlock=args.mlock, chat_template=args.chat_template)
     return llm, time.perf_counter() - start
 
 
@@ -81,12 +95,13 @@ def cli_run(args, stdout=None, stderr=None) -> int:
     prompt = prompt_text(args)
     params = sampling_from_args(args)
     llm, t_load = load_llm(args)
+    params = for_model(params, args, llm.tokenizer)
     if args.chat or args.system is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         tokens = llm.chat_tokens(messages + [{"role": "user", "content": prompt}])
     else:
         tokens = llm.prompt_tokens(prompt)
-    generation = llm.generation(tokens, params, max_tokens=args.n_predict)
+    generation = llm.generation(tokens, params, max_tokens=args.n_predict, stop=args.stop)
     if not params.greedy:
         print(f"ember: seed = {generation.seed}", file=stderr, flush=True)
     last = ""
