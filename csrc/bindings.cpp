@@ -214,6 +214,20 @@ class PyGraph {
     std::lock_guard<std::mutex> lock(run_mutex_);
     graph_.kv_copy(src, dst, n);
   }
+  // Positions [0, n) of sequence seq in every layer's KV cache, as bytes (a saved state).
+  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> kv_save(int64_t seq, int64_t n) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (n < 0 || n > graph_.n_ctx()) throw std::out_of_range("kv_save: length out of range");
+    const size_t size = graph_.kv_state_bytes(n);
+    uint8_t* copy = new uint8_t[size > 0 ? size : 1];
+    nb::capsule owner(copy, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    graph_.kv_save(seq, n, copy, size);
+    return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(copy, {size}, owner);
+  }
+  void kv_load(int64_t seq, int64_t n, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> state) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    graph_.kv_load(seq, n, state.data(), state.shape(0));
+  }
   void set_profiling(bool on) { graph_.set_profiling(on); }
   // [(op name, weight type name or "", total ns)] per node, in execution order.
   nb::list profile() const {
@@ -481,6 +495,8 @@ NB_MODULE(_core, m) {
       .def("run", &PyGraph::run, "tokens"_a, "positions"_a, "seq_ids"_a, "output_rows"_a,
            "inputs"_a = std::vector<F32Array>())
       .def("kv_copy", &PyGraph::kv_copy, "src"_a, "dst"_a, "n"_a)
+      .def("kv_save", &PyGraph::kv_save, "seq"_a, "n"_a)
+      .def("kv_load", &PyGraph::kv_load, "seq"_a, "n"_a, "state"_a)
       .def("set_profiling", &PyGraph::set_profiling, "on"_a)
       .def("profile", &PyGraph::profile)
       .def_prop_ro("arena_size", &PyGraph::arena_size)

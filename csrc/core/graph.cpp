@@ -256,6 +256,36 @@ void Graph::kv_copy(int64_t src, int64_t dst, int64_t n) {
   }
 }
 
+size_t Graph::kv_state_bytes(int64_t n) const {
+  size_t bytes = 0;
+  for (const KVCache& c : kv_) bytes += 2 * static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
+  return bytes;
+}
+
+void Graph::kv_save(int64_t seq, int64_t n, uint8_t* out, size_t size) {
+  if (seq < 0 || seq >= n_seq_ || n < 0 || n > n_ctx_)
+    throw std::out_of_range("kv_save: sequence or length out of range");
+  if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_save: buffer size does not match the state");
+  for (KVCache& c : kv_) {
+    const size_t rows = static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
+    std::memcpy(out, c.k_row(seq, 0), rows);
+    std::memcpy(out + rows, c.v_row(seq, 0), rows);
+    out += 2 * rows;
+  }
+}
+
+void Graph::kv_load(int64_t seq, int64_t n, const uint8_t* in, size_t size) {
+  if (seq < 0 || seq >= n_seq_ || n < 0 || n > n_ctx_)
+    throw std::out_of_range("kv_load: sequence or length out of range");
+  if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_load: the state has the wrong size for this model");
+  for (KVCache& c : kv_) {
+    const size_t rows = static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
+    std::memcpy(c.k_row(seq, 0), in, rows);
+    std::memcpy(c.v_row(seq, 0), in + rows, rows);
+    in += 2 * rows;
+  }
+}
+
 uint8_t* Graph::data(const Tensor& t, uint8_t* arena) const {
   if (t.alias_of >= 0) return arena + tensors_[t.alias_of].arena_offset + t.alias_offset;
   return arena + t.arena_offset;

@@ -159,6 +159,11 @@ class Graph {
   int32_t n_kv_layers() const { return static_cast<int32_t>(kv_.size()); }
   // Copies cached positions [0, n) of sequence src to sequence dst in every layer.
   void kv_copy(int64_t src, int64_t dst, int64_t n);
+  // Bytes of positions [0, n) of one sequence in every layer (K then V, layer by layer).
+  size_t kv_state_bytes(int64_t n) const;
+  // Copies positions [0, n) of sequence seq out to / in from `size` bytes laid out as kv_state_bytes says.
+  void kv_save(int64_t seq, int64_t n, uint8_t* out, size_t size);
+  void kv_load(int64_t seq, int64_t n, const uint8_t* in, size_t size);
   const KernelTable* kernels() const { return kernels_; }
   // Per-node wall time (ns, summed over runs) when profiling is on; measured by thread 0.
   void set_profiling(bool on);

@@ -127,6 +127,27 @@ class SequenceCache:
         self.tokens.clear()
         self.model.reset(self.seq)
 
+    def truncate(self, n: int) -> None:
+        """Forget the cached positions from n on."""
+        n = max(0, min(n, len(self.tokens)))
+        self.model.truncate(n, self.seq)
+        del self.tokens[n:]
+
+    def save(self) -> "SequenceState":
+        return SequenceState(tuple(self.tokens), self.model.save_sequence(self.seq))
+
+    def restore(self, state: "SequenceState") -> None:
+        self.model.load_sequence(state.kv, len(state.tokens), self.seq)
+        self.tokens[:] = list(state.tokens)
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """What a sequence held: its tokens and their KV cache (bytes)."""
+
+    tokens: tuple[int, ...]
+    kv: bytes
+
 
 class Generation:
     """One request; iterate it for `Chunk`s. Afterwards `finish_reason`, the token counts and

@@ -78,6 +78,21 @@ class Model:
     def reset(self, seq: int = 0) -> None:
         self._n_past[seq] = 0
 
+    def save_sequence(self, seq: int = 0) -> bytes:
+        """The KV cache of a sequence's cached positions, as bytes for `load_sequence`."""
+        return self.graph.kv_save(seq, self._n_past[seq]).tobytes()
+
+    def load_sequence(self, state: bytes, n_past: int, seq: int = 0) -> None:
+        """Put back what `save_sequence` returned when the sequence held n_past positions."""
+        if not 0 <= n_past <= self.n_ctx:
+            raise EmberError(f"the saved state holds {n_past} positions, more than this context's {self.n_ctx}")
+        try:
+            self.graph.kv_load(seq, n_past, np.frombuffer(state, dtype=np.uint8))
+        except ValueError:
+            raise EmberError(f"the saved state ({len(state)} bytes for {n_past} positions) is not one of this "
+                             "model's") from None
+        self._n_past[seq] = n_past
+
     def copy_sequence(self, src: int, dst: int) -> None:
         """Make sequence dst a copy of sequence src (its cached prefix)."""
         n = self._n_past[src]

@@ -91,6 +91,11 @@ class Tokenizer:
         skip_special drops control tokens (BOS, EOS, <|im_end|>, ...). For SentencePiece-style
         vocabularies the space that encode put before the text is removed again.
         """
+        return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        """The bytes of `ids`, as `decode` joins them before decoding UTF-8 (a token that is part
+        of a character stays those bytes)."""
         ids = list(ids)
         pieces = [b"" if skip_special and self.is_special(i) else self.token_bytes(i) for i in ids]
         if self._vocab.kind == "spm" and self._vocab.add_space_prefix:
@@ -98,9 +103,12 @@ class Tokenizer:
             if first < len(pieces):
                 pieces[first] = pieces[first].removeprefix(b" ")
         data = b"".join(pieces)
-        if self._vocab.clean_spaces:
-            data = clean_spaces(data)
-        return data.decode("utf-8", errors="replace")
+        return clean_spaces(data) if self._vocab.clean_spaces else data
+
+    def special_id(self, name: str) -> int | None:
+        """The id of a special token by its role (bos, eos, eot, fim_pre, fim_suf, fim_mid, ...), or
+        None when the vocabulary has none."""
+        return self._vocab.special.get(name)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (a special token's own text)."""
