@@ -38,3 +38,15 @@ def test_the_tool_calling_example_calls_the_tool_then_answers():
     assert (finish, name) == ("tool_calls", "get_weather")
     assert set(eval(arguments, {})) == {"city"}
     assert lines[1].strip()
+
+
+def test_the_python_api_example_runs():
+    out = run(python_example("### From Python"))
+    assert re.search(r"^(stop|length) \{'prompt_tokens': \d+, 'completion_tokens': \d+, 'total_tokens': \d+\}$",
+                     out, re.M), out
+
+
+def test_the_llama_cpp_python_example_runs():
+    lines = run(python_example("### From code written for llama-cpp-python")).splitlines()
+    assert lines[0].startswith("Q: Name the planets in the solar system? A: ")
+    assert lines[-1].startswith("2048 ") and lines[-1].endswith(" b'Hello'")

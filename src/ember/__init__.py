@@ -4,8 +4,9 @@
     llm = ember.LLM("smollm2-135m")          # or ember.load(...), or a path to a .gguf file
     print(llm.generate("Once upon a time", max_tokens=32))
 
-The public API is `LLM`, `SamplingParams`, `Grammar` and `load`; they are imported on first use, so the
-`ember` command starts without loading numpy or the compiled core.
+The public API is `LLM`, `SamplingParams`, `Grammar`, `load` and `Llama` (llama-cpp-python's class,
+for code written for it); they are imported on first use, so the `ember` command starts without
+loading numpy or the compiled core.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import TYPE_CHECKING
 
 from ember.version import __version__
 
-__all__ = ["LLM", "Grammar", "SamplingParams", "load", "__version__"]
+__all__ = ["LLM", "Grammar", "Llama", "SamplingParams", "load", "__version__"]
 
 _LAZY = {"LLM": "ember.api.llm", "load": "ember.api.llm", "SamplingParams": "ember.engine.sampling",
-         "Grammar": "ember.engine.constraints"}
+         "Grammar": "ember.engine.constraints", "Llama": "ember.api.llama"}
 
 if TYPE_CHECKING:
+    from ember.api.llama import Llama
     from ember.api.llm import LLM, load
     from ember.engine.constraints import Grammar
     from ember.engine.sampling import SamplingParams

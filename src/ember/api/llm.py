@@ -24,7 +24,7 @@ import numpy as np
 from ember.api.openai_format import ResponseFormat, usage
 from ember.api.tool_calls import ChatTools, ToolError, ToolRequest, ToolStyle, tool_style
 from ember.engine.constraints import Grammar, grammar_from_request
-from ember.engine.generate import Generation, SequenceCache
+from ember.engine.generate import Generation, SequenceCache, SequenceState
 from ember.engine.load import Loaded, chat_template_of
 from ember.engine.load import load as load_model
 from ember.engine.sampling_params import CHAT_TEMPERATURE, SamplingParams
@@ -156,8 +156,9 @@ class LLM:
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """The logits of every position of token_ids, float32 [len(token_ids), n_vocab].
+    def logits(self, token_ids: Sequence[int], last_only: bool = False) -> np.ndarray:
+        """The logits of every position of token_ids, float32 [len(token_ids), n_vocab] (last_only:
+        of the last position, [1, n_vocab], which spares the LM head for the others).
 
         Evaluation is incremental through the KV cache: the tokens continue the sequence the
         cache holds (what earlier calls evaluated, so `logits(prompt)` then `logits([next_id])`
@@ -166,7 +167,26 @@ class LLM:
         evaluated in chunks. Tokens that would overflow the context raise ContextFullError and
         leave the cache as it was.
         """
+        if last_only:
+            return self._cache.eval(list(token_ids), logits="last")[None, :]
         return self._cache.eval(list(token_ids), logits="all")
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens the KV cache holds (the last request's prompt and reply, or what `logits` evaluated)."""
+        return list(self._cache.tokens)
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget the cached tokens from position n_tokens on."""
+        self._cache.truncate(n_tokens)
+
+    def save_state(self) -> SequenceState:
+        """The cached tokens and their KV cache, to come back to with `load_state`."""
+        return self._cache.save()
+
+    def load_state(self, state: SequenceState) -> None:
+        """Continue from a state `save_state` returned (of this model)."""
+        self._cache.restore(state)
 
     # -- generation --------------------------------------------------------------------------
 
@@ -229,16 +249,19 @@ class LLM:
                           logit_bias: Mapping[int | str, float] | None = None,
                           grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
                           regex: str | None = None, choice: Sequence[str] | None = None,
-                          response_format: dict | None = None) -> dict | Iterator[dict]:
+                          response_format: dict | None = None, **sampling) -> dict | Iterator[dict]:
         """A text completion as OpenAI's /v1/completions returns it (`choices[0].text`, `usage`).
 
         logprobs=n adds the chosen tokens' log-probabilities and the n most likely alternatives.
-        Constraints: generate's, or `response_format` as in create_chat_completion.
+        Constraints: generate's, or `response_format` as in create_chat_completion. More sampling
+        options (typical_p, repeat_last_n, mirostat_mode, mirostat_tau, mirostat_eta) are
+        keywords; see `SamplingParams`.
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed,
-                                grammar=grammar_from_request(grammar, json_schema, regex, choice, response_format))
+                                grammar=grammar_from_request(grammar, json_schema, regex, choice, response_format),
+                                **sampling)
         generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop, logprobs=logprobs)
         response = ResponseFormat(False, self.name, self.tokenizer, logprobs=logprobs is not None)
         return _respond(generation, response, stream)
@@ -257,7 +280,7 @@ class LLM:
                                grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
                                regex: str | None = None, choice: Sequence[str] | None = None,
                                tools: Sequence[dict] | None = None, tool_choice=None,
-                               parallel_tool_calls: bool | None = None) -> dict | Iterator[dict]:
+                               parallel_tool_calls: bool | None = None, **sampling) -> dict | Iterator[dict]:
         """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`).
 
         response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
@@ -266,14 +289,14 @@ class LLM:
         tool_choice "auto" (default), "none", "required" or {"type": "function", "function":
         {"name": ...}}; parallel_tool_calls (default true). Calls come back as
         `message.tool_calls` with finish_reason "tool_calls"; with "required" or a name they are
-        constrained to the functions' parameter schemas.
+        constrained to the functions' parameter schemas. More sampling options: as create_completion.
         """
         constraint = grammar_from_request(grammar, json_schema, regex, choice, response_format)
         prompt = self.chat_prompt(messages, tools, tool_choice, parallel_tool_calls, constraint)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed,
-                                grammar=prompt.grammar)
+                                grammar=prompt.grammar, **sampling)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         generation = self.generation(prompt.tokens, params, max_tokens=max_tokens, stop=stop, logprobs=n_logprobs,
                                      keep_special=prompt.tools is not None)
