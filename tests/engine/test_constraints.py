@@ -53,6 +53,34 @@ def test_gbnf_from_llama_cpp():
     assert text.startswith("[12,")
 
 
+ARITHMETIC = r"""
+# arithmetic, in the features of llama.cpp's grammars: comments, classes, groups, repetition
+root   ::= expr
+expr   ::= term (ws [-+] ws term)*
+term   ::= factor (ws [*/] ws factor)*
+factor ::= [1-9] [0-9]{0,2} | "(" ws expr ws ")" | "-" factor
+ws     ::= [ ]?
+"""
+
+
+def test_a_gbnf_grammar_with_rules_classes_and_repetition_holds_for_random_models():
+    import ast
+
+    finished = 0
+    for seed in range(12):
+        model = FakeModel(lambda tokens: np.random.default_rng(len(tokens) + 1000 * seed).normal(0, 2, N_VOCAB)
+                          .astype(np.float32))
+        params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
+                                grammar=Grammar.gbnf(ARITHMETIC))
+        g = Generation(model, ByteTokenizer(), PROMPT, params=params, max_tokens=80)
+        text = g.text()
+        if g.finish_reason == "stop":
+            finished += 1
+            ast.parse(text, mode="eval")  # an arithmetic expression Python reads
+            assert re.fullmatch(r"[0-9 ()*/+-]+", text), text
+    assert finished >= 3
+
+
 def test_lark_syntax_is_accepted_as_a_grammar():
     g, _ = constrained(b"ab", Grammar.gbnf('start: "a" "b"'))
     assert g.text() == "ab"
