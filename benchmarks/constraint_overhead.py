@@ -12,14 +12,22 @@ alternate, constrained and not, --repeat times; the report gives the median mill
 generated token of each and the median of the rounds' own ratios (each constrained run against
 the unconstrained run just before it), which a drift in the machine's load disturbs less.
 
+Each constrained run is made twice per round: with the mask computed in line (after the token
+is sampled, before the graph runs it) and on a worker thread while the graph runs the token
+(`Constraint.overlap`; ember's default is the worker only where the CPU has more logical CPUs
+than physical cores, and the server runs with the default).
+
 "mask work" replays a constrained run's tokens through a fresh matcher without the model:
 milliseconds per token to move the matcher on, compute the mask and apply it to a row of
-logits. The constrained decode computes the next mask on a worker thread while the graph runs
-the token, so its overhead can be below this figure.
+logits.
 
 Server: `ember serve --parallel N` and N concurrent streaming completions (temperature 0), all
-unconstrained or all under the schema, alternating; aggregate generated tokens per second of
-wall time, median of the rounds, and the median of the paired ratios.
+unconstrained or all under the schema, alternating; wall milliseconds per generated token (of
+all streams together), median of the rounds, and the median of the paired ratios.
+
+Each figure is given in wall time and in CPU time (this process's, or the server process's,
+every thread): on a machine shared with other work the CPU time per token still counts the work
+a constraint adds, where wall time also counts the waits for the cores.
 """
 
 from __future__ import annotations
@@ -58,27 +66,34 @@ def batch1(model: str, tokens: int, repeat: int) -> dict:
     grammar = Grammar.json_schema(SCHEMA)
     prompt = llm.prompt_tokens(PROMPT)
 
-    def per_token(mode: dict, constrained: bool) -> tuple[float, list[int]]:
+    def per_token(mode: dict, constrained: bool) -> tuple[tuple[float, float], list[int]]:
         params = ember.SamplingParams(logit_bias=banned, grammar=grammar if constrained else None, **mode)
         generation = llm.generation(prompt, params, max_tokens=tokens)
+        next(generation)  # the prompt and the first token: not decoding
+        cpu = time.process_time()
         generation.text()
+        cpu = time.process_time() - cpu
         if generation.n_generated != tokens:
             raise SystemExit(f"{model}: expected {tokens} tokens, got {generation.n_generated}")
-        return generation.t_generate / generation.n_generated, generation.tokens
+        return (generation.t_generate / generation.n_generated, cpu / (generation.n_generated - 1)), generation.tokens
 
+    default_overlap = Constraint.overlap
     start = time.perf_counter()
     vocabulary(llm.tokenizer, llm.n_vocab)
     t_vocabulary = time.perf_counter() - start
     result = {"n_vocab": llm.n_vocab, "vocabulary_s": t_vocabulary}
     for name, mode in MODES.items():
         per_token(mode, True)  # warm up
-        plain, constrained, ids = [], [], []
+        plain, in_line, threaded, ids = [], [], [], []
         for _ in range(repeat):
             plain.append(per_token(mode, False)[0])
-            seconds, ids = per_token(mode, True)
-            constrained.append(seconds)
-        result[name] = {"plain_ms": statistics.median(plain) * 1e3, "constrained_ms": statistics.median(constrained) * 1e3,
-                        "ratio": statistics.median(c / p for c, p in zip(constrained, plain))}
+            for overlap, times in ((False, in_line), (True, threaded)):
+                Constraint.overlap = overlap
+                seconds, ids = per_token(mode, True)
+                times.append(seconds)
+        Constraint.overlap = default_overlap
+        result[name] = compared(plain, in_line)
+        result[name + ", mask on a worker thread"] = compared(plain, threaded)
     # the mask work alone, replaying the last constrained run's tokens
     logits = np.random.default_rng(0).normal(0, 1, llm.n_vocab).astype(np.float32)
     constraint = Constraint(grammar, vocabulary(llm.tokenizer, llm.n_vocab), llm.tokenizer)
@@ -89,6 +104,23 @@ def batch1(model: str, tokens: int, repeat: int) -> dict:
     result["mask_ms"] = (time.perf_counter() - start) / len(ids) * 1e3
     llm.close()
     return result
+
+
+def compared(plain: list[tuple[float, float]], constrained: list[tuple[float, float]]) -> dict:
+    """Medians of (wall, CPU) seconds per token, in ms, and the medians of the paired ratios."""
+    out = {}
+    for i, clock in enumerate(("wall", "cpu")):
+        out[clock] = {"plain_ms": statistics.median(p[i] for p in plain) * 1e3,
+                      "constrained_ms": statistics.median(c[i] for c in constrained) * 1e3,
+                      "ratio": statistics.median(c[i] / p[i] for c, p in zip(constrained, plain))}
+    return out
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def server_stream(url: str, prompt: str, tokens: int, banned: list[int], schema: dict | None, out: list, i: int) -> None:
@@ -105,35 +137,36 @@ def server_stream(url: str, prompt: str, tokens: int, banned: list[int], schema:
                     out[i] = usage["completion_tokens"]
 
 
-def server_speed(url: str, streams: int, tokens: int, banned: list[int], schema: dict | None) -> float:
+def server_speed(url: str, streams: int, tokens: int, banned: list[int], schema: dict | None,
+                 pid: int) -> tuple[float, float]:
+    """(wall, server CPU) seconds per generated token with `streams` concurrent streams."""
     counts = [0] * streams
     threads = [threading.Thread(target=server_stream, args=(url, PROMPTS[i % len(PROMPTS)] + " As JSON:", tokens,
                                                             banned, schema, counts, i)) for i in range(streams)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), process_cpu(pid)
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, process_cpu(pid) - cpu
     if counts != [tokens] * streams:
         raise SystemExit(f"expected {tokens} tokens per stream, got {counts}")
-    return sum(counts) / seconds
+    return seconds / sum(counts), cpu / sum(counts)
 
 
 def server(model: str, streams: int, tokens: int, repeat: int) -> dict:
     banned = end_of_generation_ids(model)
     process, url = start_server(model, streams, None, 1024)
     try:
-        server_speed(url, streams, 8, banned, SCHEMA)  # warm up: the vocabulary, every slot
+        server_speed(url, streams, 8, banned, SCHEMA, process.pid)  # warm up: the vocabulary, every slot
         plain, constrained = [], []
         for _ in range(repeat):
-            plain.append(server_speed(url, streams, tokens, banned, None))
-            constrained.append(server_speed(url, streams, tokens, banned, SCHEMA))
+            plain.append(server_speed(url, streams, tokens, banned, None, process.pid))
+            constrained.append(server_speed(url, streams, tokens, banned, SCHEMA, process.pid))
     finally:
         process.terminate()
         process.wait()
-    return {"plain": statistics.median(plain), "constrained": statistics.median(constrained),
-            "ratio": statistics.median(p / c for c, p in zip(constrained, plain))}
+    return compared(plain, constrained)
 
 
 def cpu_name() -> str:
@@ -149,18 +182,24 @@ def cpu_name() -> str:
 def report(args, results: dict) -> str:
     lines = ["# JSON-schema constraint: per-token cost against unconstrained decoding", "",
              f"- CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; load average at the start {args.load:.1f}",
-             f"- {args.tokens} generated tokens per run, median of {args.repeat} alternating rounds; "
-             "slower = constrained time per token / unconstrained (the median of the paired rounds)", "",
-             "| model | vocabulary | vocabulary to llguidance | batch 1 greedy ms/token (plain → constrained) | slower "
-             "| batch 1 sampled ms/token | slower | mask work ms/token "
-             f"| {args.streams}-stream server tokens/s (plain → constrained) | slower |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"- {args.tokens} generated tokens per run, median of {args.repeat} alternating rounds (server: "
+             f"{max(3, args.repeat // 2)}); slower: constrained / unconstrained per token, the median of the paired rounds",
+             "", "| model (vocabulary) | vocabulary to llguidance | mask work ms/token | decode | wall ms/token "
+             "(plain → constrained) | slower | CPU ms/token (plain → constrained) | slower |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
     for model, r in results.items():
-        g, s, srv = r["greedy"], r["sampled"], r["server"]
-        lines.append(f"| {model} | {r['n_vocab']:,} | {r['vocabulary_s']:.2f} s | {g['plain_ms']:.1f} → "
-                     f"{g['constrained_ms']:.1f} | {(g['ratio'] - 1) * 100:+.1f}% | {s['plain_ms']:.1f} → "
-                     f"{s['constrained_ms']:.1f} | {(s['ratio'] - 1) * 100:+.1f}% | {r['mask_ms']:.2f} | "
-                     f"{srv['plain']:.1f} → {srv['constrained']:.1f} | {(srv['ratio'] - 1) * 100:+.1f}% |")
+        first = f"{model} ({r['n_vocab']:,})"
+        for setting, key in (("batch 1, greedy", "greedy"), ("batch 1, greedy, mask on a worker thread",
+                                                               "greedy, mask on a worker thread"),
+                             ("batch 1, sampled", "sampled"), ("batch 1, sampled, mask on a worker thread",
+                                                               "sampled, mask on a worker thread"),
+                             (f"{args.streams}-stream server, greedy", "server")):
+            w, c = r[key]["wall"], r[key]["cpu"]
+            head = f"| {first} | {r['vocabulary_s']:.2f} s | {r['mask_ms']:.2f} " if first else "| | | "
+            lines.append(f"{head}| {setting} | {w['plain_ms']:.2f} → {w['constrained_ms']:.2f} | "
+                         f"{(w['ratio'] - 1) * 100:+.1f}% | {c['plain_ms']:.2f} → {c['constrained_ms']:.2f} | "
+                         f"{(c['ratio'] - 1) * 100:+.1f}% |")
+            first = ""
     return "\n".join(lines) + "\n"
 
 

@@ -288,3 +288,36 @@ def test_registry_models_follow_a_regex_a_choice_and_a_grammar(registry_llm):
     gbnf = 'root ::= " " fruit (", " fruit){1,3} "."\nfruit ::= "apple" | "pear" | "plum"'
     fruits = registry_llm.generate("Some fruits:", grammar=gbnf, temperature=0.7, seed=2, max_tokens=40)
     assert re.fullmatch(r" (apple|pear|plum)(, (apple|pear|plum)){1,3}\.", fruits)
+
+
+def test_masks_on_a_worker_thread_or_in_line_give_the_same_text(monkeypatch):
+    from ember.engine.constraints import Constraint
+
+    pattern = r"[a-z]{3,8}( [a-z]{2,6}){2}"
+
+    def texts(overlap: bool) -> list[str]:
+        monkeypatch.setattr(Constraint, "overlap", overlap)
+        out = []
+        for seed in range(4):
+            model = FakeModel(lambda tokens: np.random.default_rng(len(tokens)).normal(0, 3, N_VOCAB).astype(np.float32))
+            params = SamplingParams(temperature=1.0, seed=seed, grammar=Grammar.regex(pattern))
+            out.append(Generation(model, ByteTokenizer(), PROMPT, params=params, max_tokens=40).text())
+        return out
+
+    threaded, in_line = texts(True), texts(False)
+    assert threaded == in_line
+    assert all(re.fullmatch(pattern, text) for text in threaded), threaded
+
+
+def test_few_allowed_tokens_are_sampled_among_themselves_with_the_same_distribution():
+    # the chain over the allowed ids alone equals the chain over the masked vocabulary
+    logits = np.random.default_rng(5).normal(0, 2, N_VOCAB).astype(np.float32)
+    params = SamplingParams(temperature=0.9, top_k=5, top_p=0.9, min_p=0.02, grammar=Grammar.regex("[a-j]"))
+    ids, probs = Sampler(params, N_VOCAB, tokenizer=ByteTokenizer()).distribution(logits)
+    masked = np.full(N_VOCAB, -np.inf, np.float32)
+    allowed = np.arange(ord("a"), ord("j") + 1)
+    masked[allowed] = logits[allowed]
+    plain = SamplingParams(temperature=0.9, top_k=5, top_p=0.9, min_p=0.02)
+    expected_ids, expected_probs = Sampler(plain, N_VOCAB).distribution(masked)
+    assert ids.tolist() == expected_ids.tolist()
+    np.testing.assert_allclose(probs, expected_probs, rtol=1e-6)

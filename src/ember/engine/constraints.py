@@ -9,10 +9,10 @@ must keep the text within, compiled by llguidance into a per-step token mask.
 - `vocabulary(tokenizer, n_vocab)` hands every token's bytes to llguidance once per tokenizer
   (special tokens marked with a leading 0xFF byte, so no grammar text can match them; the
   end-of-generation tokens are its EOS set) and keeps the result.
-- `Constraint` is one request's matcher. `accept(token)` moves it on and starts computing the
-  next mask on a worker thread (llguidance computes masks without the GIL), so the mask is
-  built while the model's graph runs the token; `allowed()` waits for it. Once the grammar
-  is complete and admits nothing more (`finished`), generation ends.
+- `Constraint` is one request's matcher. `accept(token)` moves it on and computes the next
+  mask, on a worker thread where a core is free for it (llguidance computes masks without the
+  GIL), so the mask is built while the model's graph runs the token; `allowed()` waits for it.
+  Once the grammar is complete and admits nothing more (`finished`), generation ends.
 
 JSON is generated compactly by default (`{"a": 1, "b": [2, 3]}`: one space after `:` and `,`,
 no other whitespace), so that a model cannot wander into endless whitespace; a schema's own
@@ -22,6 +22,7 @@ top-level "x-guidance" options override that (llguidance's JSON options).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,7 @@ import llguidance
 import numpy as np
 
 from ember.errors import EmberError
+from ember.sysinfo import physical_cores
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _SPECIAL_PREFIX = b"\xff"  # llguidance's mark of a special token in the vocabulary
@@ -181,7 +183,16 @@ _WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ember-mask")
 
 
 class Constraint:
-    """The matcher of one request: which tokens may come next, and whether the grammar is done."""
+    """The matcher of one request: which tokens may come next, and whether the grammar is done.
+
+    `overlap`: compute each next mask on a worker thread, so it is built while the model's graph
+    runs the token. That pays where a core is free for it: by default where the CPU has more
+    logical CPUs than physical cores (the graph's threads take one per core). Without a spare
+    one, a worker would take a core from the graph's threads, which wait for each other at
+    every op, so the mask is computed in line (tens of microseconds).
+    """
+
+    overlap: bool = (os.cpu_count() or 1) > physical_cores()
 
     def __init__(self, grammar: Grammar, vocab: Vocabulary, tokenizer):
         self.grammar = grammar
@@ -191,8 +202,10 @@ class Constraint:
         self._check()
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
         self._allowed: np.ndarray | None = None
+        self._allowed_ids: np.ndarray | None = None
         self._finished = False
-        self._pending: Future | None = _WORKERS.submit(self._compute)
+        self._pending: Future | None = None
+        self._start_mask()
 
     @property
     def finished(self) -> bool:
@@ -211,15 +224,28 @@ class Constraint:
             self._allowed = bits.view(np.bool_)
         return self._allowed
 
+    def allowed_ids(self) -> np.ndarray:
+        """The ids of the tokens that may come next, ascending."""
+        if self._allowed_ids is None:
+            self._allowed_ids = np.flatnonzero(self.allowed())
+        return self._allowed_ids
+
     def accept(self, token: int) -> None:
         """Move past a generated token, and start computing the next mask."""
         self._wait()
         if not self._matcher.consume_token(token):
             raise ConstraintError(f"token {token} does not fit the {self.grammar.kind}: {self._matcher.get_error()}")
-        self._allowed = None
+        self._allowed = self._allowed_ids = None
         self._finished = self._matcher.is_stopped()
-        if not self._finished:  # the matcher is the worker's until _wait
+        if not self._finished:
+            self._start_mask()
+
+    def _start_mask(self) -> None:
+        if self.overlap:  # the matcher is the worker's until _wait
             self._pending = _WORKERS.submit(self._compute)
+        else:
+            self._compute()
+            self._check()
 
     def _compute(self) -> None:
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)

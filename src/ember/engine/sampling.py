@@ -11,7 +11,9 @@ or, with mirostat (which replaces the filters, as in llama.cpp's common_sampler)
 
 - grammar mask (engine/constraints.py, when the parameters carry a `grammar`): tokens that
   would take the text out of the grammar get -inf, so no later step can pick them. Greedy
-  checks the unmasked argmax first and masks only when the grammar forbids it.
+  checks the unmasked argmax first and masks only when the grammar forbids it; where the
+  grammar allows fewer than 1/16 of the vocabulary, the rest of the chain runs over the
+  allowed tokens alone.
 - logit bias: `logit[id] += bias`; a bias of -inf bans a token.
 - penalties, over the last `repeat_last_n` tokens seen (prompt included; -1 = all of them):
   a token seen `c` times gets `logit / repeat_penalty` if its logit is positive, else
@@ -123,23 +125,42 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> int:
         if self.params.greedy:
             return self._greedy(logits)
-        candidates, probs = self._candidates(self.adjusted(logits))
+        candidates, probs, ids = self._chain(logits)
         rank = _draw(probs, self._rng.random())
-        if self.constraint is not None and not self.constraint.is_allowed(candidates.token(rank)):
-            rank = int(np.argmax(probs))  # a zero-probability draw
+        if probs[rank] == 0:  # a draw of u = 0 onto a token the grammar forbids
+            rank = int(np.argmax(probs))
         if self.params.mirostat_mode:
             surprise = -math.log2(float(probs[rank]))
             self.mu -= self.params.mirostat_eta * (surprise - self.params.mirostat_tau)
-        return candidates.token(rank)
+        token = candidates.token(rank)
+        return token if ids is None else int(ids[token])
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The candidates the next draw chooses from, in draw order, and their probabilities."""
         if self.params.greedy:
             return np.array([self._greedy(logits)]), np.array([1.0])
-        candidates, probs = self._candidates(self.adjusted(logits))
-        keep = np.flatnonzero(probs > 0) if self.constraint is not None else None
-        ids = candidates.ranked_ids(probs.size)
-        return (ids, probs) if keep is None else (ids[keep], probs[keep])
+        candidates, probs, ids = self._chain(logits)
+        ranked = candidates.ranked_ids(probs.size)
+        if ids is not None:
+            ranked = ids[ranked]
+        if self.constraint is None:
+            return ranked, probs
+        keep = np.flatnonzero(probs > 0)
+        return ranked[keep], probs[keep]
+
+    def _chain(self, logits: np.ndarray) -> tuple["_Candidates", np.ndarray, np.ndarray | None]:
+        """The candidates in draw order and their probabilities after the whole chain. Where
+        the grammar allows few tokens the chain runs over those alone (the others' -inf would
+        change nothing): then candidates are positions in `ids`, the allowed ids."""
+        if self.constraint is None:
+            return (*self._candidates(self.adjusted(logits)), None)
+        x = self.adjusted(logits, masked=False)
+        ids = self.constraint.allowed_ids()
+        if ids.size == 0:
+            raise InvalidParameter(f"the {self.constraint.grammar.kind} admits no token here")
+        if ids.size * 16 > x.size:
+            return (*self._candidates(self._masked(x)), None)
+        return (*self._candidates(x[ids]), ids)
 
     def _greedy(self, logits: np.ndarray) -> int:
         x = self.adjusted(logits, masked=False)
@@ -183,7 +204,7 @@ class Sampler:
         top_k_on = 0 < p.top_k < x.size
         typical_on = p.typical_p < 1.0
         if not top_k_on and not typical_on and p.top_p >= 1.0 and p.min_p <= 0.0:
-            if self._all_ids is None:
+            if self._all_ids is None or self._all_ids.size != x.size:
                 self._all_ids = np.arange(x.size)
             return _Candidates(x, ids=self._all_ids), _softmax(x / np.float32(p.temperature))
         if top_k_on or typical_on:
