@@ -220,15 +220,15 @@ def test_k_quant_mix_file_equals_llama_quantize(tmp_path):
 
 @pytest.mark.model
 def test_cli_output_runs_in_ember_like_the_original(smollm_q8_0):
-    """The Q8_0 file, run by ember, at each of 64 positions of test_models_real's text: against
+    """The Q8_0 file, run by ember, at each of 64 positions of test_registry_models's text: against
     transformers on the same file, every cosine >= 0.99 and the same top-1 token where
-    transformers' top-2 margin is clear (the bar test_models_real sets for the registry files);
+    transformers' top-2 margin is clear (the bar test_registry_models sets for the registry files);
     against the original Q4_1 file run by ember, a mean cosine >= 0.998 and the same top-1 token
     where the original's margin is clear. There is no bound per position between the two files: they differ by a cosine of 0.994
     at one position of this text even in transformers, and each run's 8-bit activations add their
     own rounding, in either direction (0.967 to 0.993 measured across kernel versions)."""
     pytest.importorskip("transformers")
-    from test_models_real import MARGINS, cosines, transformers_logits
+    from models.test_registry_models import MARGINS, cosines, transformers_logits
 
     from ember.engine.runtime import Model
 
