@@ -9,6 +9,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from ember import _core  # noqa: E402
 from ember.errors import EmberError, GGUFError  # noqa: E402
 from ember.gguf.types import TYPES, GGMLType, tensor_bytes, type_by_name  # noqa: E402
 from ember.quant.reference import dequantize, dequantize_tensor, quantize
@@ -51,8 +52,17 @@ def test_type_ids_are_ggml_ids():
 
 def test_block_and_type_sizes_match_ggml():
     for t, info in TYPES.items():
+        if t == GGMLType.Q8_1:
+            continue  # the gguf package still sizes it with float d and s; see the next test
         assert (info.block_size, info.type_size) == gguf.GGML_QUANT_SIZES[gguf_type(t.name)]
         assert info.name == t.name
+
+
+def test_q8_1_blocks_are_36_bytes_as_in_ggml():
+    # ggml-common.h: block_q8_1 is ggml_half d, ggml_half s, int8 qs[32] (static_assert 2*2 + 32);
+    # the core's own table agrees (quantize_row writes 36-byte blocks).
+    assert (TYPES[GGMLType.Q8_1].block_size, TYPES[GGMLType.Q8_1].type_size) == (32, 36)
+    assert _core.quantize_row(int(GGMLType.Q8_1), np.ones(64, np.float32)).size == 2 * 36
 
 
 def test_every_required_type_is_in_the_table():

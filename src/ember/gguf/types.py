@@ -75,7 +75,7 @@ TYPES: dict[GGMLType, TypeInfo] = dict([
     _info(_T.Q5_0, 32, 2 + 4 + 16),
     _info(_T.Q5_1, 32, 2 + 2 + 4 + 16),
     _info(_T.Q8_0, 32, 2 + 32),
-    _info(_T.Q8_1, 32, 4 + 4 + 32),
+    _info(_T.Q8_1, 32, 2 + 2 + 32),  # d and s = d * sum(q) as f16 (ggml-common.h block_q8_1)
     _info(_T.Q2_K, QK_K, 2 + 2 + QK_K // 16 + QK_K // 4),
     _info(_T.Q3_K, QK_K, 2 + QK_K // 4 + QK_K // 8 + 12),
     _info(_T.Q4_K, QK_K, 2 + 2 + 12 + QK_K // 2),
