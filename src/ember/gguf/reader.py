@@ -17,8 +17,9 @@ llama.cpp's --no-mmap does); `lock()` pins the bytes in RAM (mlock).
 
 Metadata values: strings -> str; numeric scalars -> int / float / bool; numeric arrays -> numpy
 arrays (copies, so they outlive the file); arrays of strings -> StringArray (a lazy list[str], see
-ember.gguf_strings); arrays of arrays -> list. `metadata_types` gives each key's GGUF type
-(a GGUFValueType, or (ARRAY, element type)) so the writer can reproduce the file exactly.
+gguf/strings.py); arrays of arrays -> ArrayOfArrays (a lazy sequence of those, gguf/arrays.py).
+`metadata_types` gives each key's GGUF type (a GGUFValueType, or (ARRAY, element type)) so the
+writer can reproduce the file exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import struct
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -56,7 +58,8 @@ from ember.gguf.format import (
     align,
     is_power_of_two,
 )
-from ember.gguf.strings import StringArray, read_string_array
+from ember.gguf.arrays import ArrayOfArrays
+from ember.gguf.strings import StringArray, locate_strings, read_string_array
 from ember.gguf.types import ELEMENT_DTYPES, TYPES, GGMLType
 
 INT64_MAX = (1 << 63) - 1
@@ -64,6 +67,9 @@ INT64_MAX = (1 << 63) - 1
 _VALUE_TYPES = {int(t): t for t in GGUFValueType}
 _TENSOR_TYPES = {int(t): t for t in TYPES}
 _TENSOR_INFO_TAIL = {n: struct.Struct(f"<{n}QIQ") for n in range(1, MAX_DIMS + 1)}
+_ARRAY_HEADER = struct.Struct("<IQ")  # element type, count
+_HEADER_DTYPE = np.dtype([("type", "<u4"), ("count", "<u8")])  # packed: 12 bytes
+_BULK_RUN = 8  # fewer repeated inner arrays than this are walked one by one
 
 
 @dataclass(eq=False)
@@ -190,6 +196,17 @@ def open_file(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
     return gguf
 
 
+def _decode_array(path: str, what: str, depth: int):
+    """How an ArrayOfArrays item is decoded: parsed again from the stored bytes (already validated)."""
+
+    def decode(raw: bytes, offset: int):
+        parser = _Parser(SimpleNamespace(path=path), raw)
+        parser.pos = offset
+        return parser.array(what, depth)[0]
+
+    return decode
+
+
 def _map(path: Path, use_mmap: bool = True) -> mmap.mmap:
     try:
         with open(path, "rb") as f:
@@ -239,11 +256,11 @@ def _mlock(buf: np.ndarray) -> None:
 class _Parser:
     """Reads the header, metadata and tensor infos of one file, validating as it goes."""
 
-    def __init__(self, gguf: GGUFFile):
-        self.gguf = gguf
-        self.mm = gguf._mm
-        self.buf = gguf._buf
-        self.size = gguf.size
+    def __init__(self, gguf: GGUFFile | SimpleNamespace, mm=None):
+        self.gguf = gguf  # or, to decode stored bytes (mm), a stand-in with the file's path
+        self.mm = gguf._mm if mm is None else mm
+        self.buf = gguf._buf if mm is None else np.frombuffer(mm, np.uint8)
+        self.size = len(self.mm)
         self.pos = 0
         self.key_offsets: dict[str, int] = {}
 
@@ -357,14 +374,62 @@ class _Parser:
             values = values != 0
         return values, (GGUFValueType.ARRAY, elem_type)
 
-    def nested_array(self, what: str, n: int, depth: int) -> tuple[list, ValueSpec]:
-        items, specs = [], []
-        for i in range(n):
-            item, spec = self.array(f"{what}[{i}]", depth + 1)
-            items.append(item)
-            specs.append(spec)
-        same = bool(specs) and all(spec == specs[0] for spec in specs)
-        return items, (GGUFValueType.ARRAY, specs[0] if same else GGUFValueType.ARRAY)
+    def nested_array(self, what: str, n: int, depth: int) -> tuple[ArrayOfArrays, ValueSpec]:
+        start = self.pos
+        offsets, spec = self.walk_arrays(what, n, depth + 1)
+        raw = bytes(self.mm[start:self.pos])
+        decode = _decode_array(str(self.gguf.path), what, depth + 1)
+        return ArrayOfArrays(raw, offsets - start, decode, spec[1]), spec
+
+    def walk_arrays(self, what: str, n: int, depth: int) -> tuple[np.ndarray, ValueSpec]:
+        """Walk past n consecutive arrays, checking every header and length; the offset of each, and
+        the spec of an array holding them (ARRAY, their common spec, or ARRAY where they differ)."""
+        offsets = np.empty(n, np.int64)
+        common: ValueSpec | None = None
+        i = 0
+        while i < n:
+            first = offsets[i] = self.pos
+            spec = self.skip_array(f"{what}[{i}]", depth)
+            common = spec if common in (None, spec) else GGUFValueType.ARRAY
+            run = self.same_headers(first, self.pos - first, n - i - 1) if spec[1] in SCALAR_DTYPES else 0
+            if run:  # the next `run` arrays repeat this one's element type and count
+                offsets[i + 1:i + 1 + run] = first + (self.pos - first) * np.arange(1, run + 1)
+                self.pos += (self.pos - first) * run
+            i += 1 + run
+        return offsets, (GGUFValueType.ARRAY, GGUFValueType.ARRAY if common is None else common)
+
+    def skip_array(self, what: str, depth: int) -> ValueSpec:
+        """Walk past one array (element type, count, elements) without building its value."""
+        if depth >= MAX_NESTING:
+            raise self.fail(f"{what}: arrays nested more than {MAX_NESTING} deep")
+        type_offset = self.pos
+        elem_type = self.value_type(self.u32(f"element type of {what}"), what, type_offset)
+        n = self.count(f"{what}: array length", MIN_VALUE_BYTES[elem_type])
+        if elem_type == GGUFValueType.STRING:
+            _, self.pos = locate_strings(self.mm, self.buf, self.pos, n, self.size, f"{self.gguf.path}: {what}")
+            return (GGUFValueType.ARRAY, elem_type)
+        if elem_type == GGUFValueType.ARRAY:
+            _, spec = self.walk_arrays(what, n, depth + 1)
+            return (GGUFValueType.ARRAY, spec)
+        self.pos += n * SCALAR_DTYPES[elem_type].itemsize  # count() checked that the bytes exist
+        return (GGUFValueType.ARRAY, elem_type)
+
+    def same_headers(self, first: int, stride: int, limit: int) -> int:
+        """How many arrays of `stride` bytes after the one at `first` have its element type and count
+        (checked in bulk, so a million empty arrays cost one numpy comparison, not a million steps)."""
+        fit = min(limit, (self.size - first) // stride - 1)
+        if fit < _BULK_RUN:
+            return 0
+        head_type, head_count = _ARRAY_HEADER.unpack_from(self.mm, first)
+        run = 0
+        while run < fit:
+            k = min(fit - run, 1 << 16)
+            headers = np.ndarray((k,), _HEADER_DTYPE, self.mm, first + stride * (run + 1), (stride,))
+            same = (headers["type"] == head_type) & (headers["count"] == head_count)
+            if not same.all():
+                return run + int(np.argmin(same))
+            run += k
+        return run
 
     def alignment(self) -> int:
         if ALIGNMENT_KEY not in self.gguf.metadata:

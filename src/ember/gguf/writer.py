@@ -51,6 +51,7 @@ from ember.gguf.format import (
     align,
     is_power_of_two,
 )
+from ember.gguf.arrays import ArrayOfArrays
 from ember.gguf.strings import StringArray
 from ember.gguf.types import ELEMENT_DTYPES, TYPES, GGMLType, type_by_name
 
@@ -63,7 +64,7 @@ _DTYPE_TENSOR_TYPES = {
     ("f", 4): GGMLType.F32, ("f", 2): GGMLType.F16, ("f", 8): GGMLType.F64, ("i", 1): GGMLType.I8,
     ("i", 2): GGMLType.I16, ("i", 4): GGMLType.I32, ("i", 8): GGMLType.I64,
 }
-_SEQUENCES = (list, tuple, np.ndarray, StringArray)
+_SEQUENCES = (list, tuple, np.ndarray, StringArray, ArrayOfArrays)
 _ROWS_PER_CHUNK = 4096  # rows copied at a time from a non-contiguous array
 
 
@@ -172,6 +173,8 @@ def _tag(spec: ValueSpec) -> GGUFValueType:
 def infer_spec(value: Any, what: str = "value") -> ValueSpec:
     if isinstance(value, StringArray):
         return (V.ARRAY, V.STRING)
+    if isinstance(value, ArrayOfArrays):
+        return (V.ARRAY, value.element_spec)
     if isinstance(value, (str, bytes)):
         return V.STRING
     if isinstance(value, (bool, np.bool_)):
@@ -289,6 +292,8 @@ def _encode_array(element: ValueSpec, items: Any, what: str) -> bytes:
         return head + b"".join(_encode_string(s, f"metadata {what}") for s in items)
     if tag == V.ARRAY:
         inner = element[1] if isinstance(element, tuple) else None
+        if isinstance(items, ArrayOfArrays) and element in (V.ARRAY, items.element_spec):
+            return head + items.encoded()
         parts = []
         for i, item in enumerate(items):
             if not isinstance(item, _SEQUENCES):
