@@ -113,6 +113,33 @@ def test_unknown_tokenizer_model_is_an_error_naming_it():
         Tokenizer.from_metadata(md)
 
 
+@pytest.mark.parametrize("key, value, match", [
+    ("tokenizer.ggml.model", ["gpt2"], "tokenizer.ggml.model must be a string"),
+    ("tokenizer.ggml.pre", 3, "tokenizer.ggml.pre must be a string"),
+    ("tokenizer.ggml.tokens", np.arange(3), "tokenizer.ggml.tokens must be an array of strings"),
+    ("tokenizer.ggml.tokens", 0.5, "tokenizer.ggml.tokens must be an array of strings"),
+    ("tokenizer.ggml.merges", "a b", "tokenizer.ggml.merges must be an array of strings"),
+    ("tokenizer.ggml.token_type", "", "tokenizer.ggml.token_type must be an array of integers"),
+    ("tokenizer.ggml.token_type", np.array([np.inf] * 3), "tokenizer.ggml.token_type must be an array of integers"),
+    ("tokenizer.ggml.token_type", np.array([1]), "tokenizer.ggml.token_type has 1 entries for 3 tokens"),
+    ("tokenizer.ggml.add_bos_token", np.zeros(3, np.float32), "tokenizer.ggml.add_bos_token must be a bool"),
+    ("tokenizer.ggml.eos_token_id", "2", "tokenizer.ggml.eos_token_id must be an integer"),
+])
+def test_tokenizer_metadata_of_the_wrong_kind_is_an_error_naming_the_key(key, value, match):
+    # these used to surface as ValueError, TypeError or OverflowError from numpy
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+          "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"], key: value}
+    with pytest.raises(EmberError, match=match):
+        Tokenizer.from_metadata(md)
+
+
+def test_special_ids_outside_the_vocabulary_are_ignored():
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+          "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.bos_token_id": -1, "tokenizer.ggml.eos_token_id": 2**40}
+    tok = Tokenizer.from_metadata(md)
+    assert (tok.bos_id, tok.eos_id) == (None, None)
+
+
 def test_a_model_without_a_vocabulary_is_an_error():
     with pytest.raises(EmberError, match="tokenizer.ggml.tokens"):
         Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2"})

@@ -5,12 +5,18 @@ attention and MLPs. Architecture files compose these; each returns tensor ids of
 from __future__ import annotations
 
 import math
+from collections.abc import Sized
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ember.errors import GGUFError
+from ember.gguf.metadata import float_key, int_key, string_key
 from ember.gguf.types import GGMLType
+from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows, standard_shapes
+
+MAX_ROPE_DIMS = 1024  # the core's rope op rotates at most 512 pairs of a head
 
 
 @dataclass
@@ -32,61 +38,106 @@ class HParams:
 
     @classmethod
     def from_gguf(cls, f, default_eps_key: str = "attention.layer_norm_rms_epsilon") -> "HParams":
-        arch = f.metadata.get("general.architecture")
+        """The hyper-parameters of a file, each checked (validate.py): a bad one is a GGUFError naming its key."""
+        meta = f.metadata
+        arch = string_key(meta, "general.architecture")
 
-        def field(name, default=None):
-            value = f.metadata.get(f"{arch}.{name}", default)
-            if value is None:
-                raise GGUFError(f"missing metadata key {arch}.{name}")
-            return value
+        def key(name: str) -> str:
+            return f"{arch}.{name}"
 
-        n_embd = int(field("embedding_length"))
-        n_head = _first(field("attention.head_count"))
-        head_dim = int(field("attention.key_length", n_embd // n_head))
-        scaling = f.metadata.get(f"{arch}.rope.scaling.type", "none")
+        n_embd = int_key(meta, key("embedding_length"))
+        n_head = int_key(meta, key("attention.head_count"), per_layer=True)
+        n_kv_head = int_key(meta, key("attention.head_count_kv"), n_head, per_layer=True, maximum=n_head)
+        if n_head % n_kv_head:
+            raise GGUFError(f"metadata key {key('attention.head_count')} ({n_head}) is not a multiple of "
+                            f"{key('attention.head_count_kv')} ({n_kv_head})")
+        head_dim = int_key(meta, key("attention.key_length"), None)
+        if head_dim is None:
+            if n_embd % n_head:
+                raise GGUFError(f"metadata key {key('embedding_length')} ({n_embd}) is not a multiple of "
+                                f"{key('attention.head_count')} ({n_head}), and the file has no "
+                                f"{key('attention.key_length')}")
+            head_dim = n_embd // n_head
+        value_dim = int_key(meta, key("attention.value_length"), head_dim)
+        if value_dim != head_dim:
+            raise GGUFError(f"metadata keys {key('attention.key_length')} ({head_dim}) and "
+                            f"{key('attention.value_length')} ({value_dim}) differ, which ember does not support")
+        rope_dims = int_key(meta, key("rope.dimension_count"), head_dim, maximum=min(head_dim, MAX_ROPE_DIMS))
+        if rope_dims % 2:
+            raise GGUFError(f"metadata key {key('rope.dimension_count')} is {rope_dims}; it must be even")
+        scaling = string_key(meta, key("rope.scaling.type"), "none")
         if scaling not in ("none", "linear"):
             raise GGUFError(f"RoPE scaling type {scaling!r} ({arch}.rope.scaling.type) is not supported yet;"
                             " ember supports none and linear")
-        factor = float(f.metadata.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-        vocab = f.metadata.get(f"{arch}.vocab_size")
-        if vocab is None:
-            vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.tensors["token_embd.weight"].shape[1]
+        factor = float_key(meta, key("rope.scaling.factor"), 1.0, non_negative=True) or 1.0
         return cls(
             arch=arch,
-            n_vocab=int(vocab),
-            n_ctx_train=int(field("context_length")),
+            n_vocab=_vocabulary_size(f, arch),
+            n_ctx_train=int_key(meta, key("context_length")),
             n_embd=n_embd,
-            n_layer=int(field("block_count")),
-            n_ff=_first(field("feed_forward_length")),
+            n_layer=int_key(meta, key("block_count")),
+            n_ff=int_key(meta, key("feed_forward_length"), per_layer=True),
             n_head=n_head,
-            n_kv_head=_first(field("attention.head_count_kv", n_head)),
+            n_kv_head=n_kv_head,
             head_dim=head_dim,
-            norm_eps=float(f.metadata.get(f"{arch}.{default_eps_key}", 1e-5)),
-            rope_base=float(f.metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_dims=int(f.metadata.get(f"{arch}.rope.dimension_count", head_dim)),
+            norm_eps=float_key(meta, key(default_eps_key), 1e-5, non_negative=True),
+            rope_base=float_key(meta, key("rope.freq_base"), 10000.0, positive=True),
+            rope_dims=rope_dims,
             rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0,
-            sliding_window=int(f.metadata.get(f"{arch}.attention.sliding_window", 0) or 0),
+            sliding_window=int_key(meta, key("attention.sliding_window"), 0, minimum=0),
         )
 
 
-def _first(value) -> int:
-    """Per-layer arrays (head counts, FFN sizes) must be uniform here; take the first."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        values = {int(v) for v in value}
-        if len(values) != 1:
-            raise GGUFError("per-layer head counts / FFN sizes that differ between layers are not supported")
-        return values.pop()
-    return int(value)
+def _vocabulary_size(f, arch: str) -> int:
+    """The vocabulary: {arch}.vocab_size, else the tokenizer's token count, else the embedding's rows;
+    the embedding, the LM head and the tokenizer must all agree with it (as llama.cpp requires)."""
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, Sized) and not isinstance(tokens, str) else None
+    rows = {name: n_rows(f.tensors[name].shape) for name in ("token_embd.weight", "output.weight") if name in f.tensors}
+    n_vocab = int_key(f.metadata, f"{arch}.vocab_size", None)
+    if n_vocab is None:
+        n_vocab = n_tokens or rows.get("token_embd.weight")
+    if not n_vocab:
+        raise GGUFError("the model file gives no vocabulary size (no tokenizer.ggml.tokens, no token_embd.weight)")
+    sizes = [("tokenizer.ggml.tokens has", n_tokens)] + [(f"{name} has", n) for name, n in rows.items()]
+    for what, size in sizes:
+        if size is not None and size != n_vocab:
+            source = f"{arch}.vocab_size" if f"{arch}.vocab_size" in f.metadata else "tokenizer.ggml.tokens"
+            raise GGUFError(f"the vocabulary has {n_vocab} tokens ({source}) but {what} {size}")
+    return n_vocab
 
 
 class Builder:
-    """Adds a GGUF file's weights to a core graph on demand and offers the shared blocks."""
+    """Adds a GGUF file's weights to a core graph on demand and offers the shared blocks.
 
-    def __init__(self, graph, gguf_file, hp: HParams):
-        self.g = graph
+    Every weight is checked as it is added (validate.py): its type must have kernels and, for
+    the names in `shapes` (default: `standard_shapes(hp)`), its shape must be the one the
+    metadata gives it. `g` is the core graph behind a `CheckedGraph`, so an op the core refuses
+    is a GGUFError naming the weights involved; `build` turns any other failure of an
+    architecture's build function on a malformed file into a GGUFError too.
+    """
+
+    def __init__(self, graph, gguf_file, hp: HParams, shapes: dict[str, tuple[int, ...]] | None = None):
+        self.g = CheckedGraph(graph, gguf_file.tensors, hp.arch)
         self.f = gguf_file
         self.hp = hp
+        self.shapes = standard_shapes(hp) if shapes is None else shapes
         self._keep = []  # converted copies of small vectors, alive as long as the graph
+
+    def build(self, build_fn: Callable[["Builder"], int]) -> int:
+        """build_fn(self), the logits tensor id; a failure on a malformed file is a GGUFError."""
+        try:
+            return build_fn(self)
+        except GGUFError:
+            raise
+        except (ValueError, TypeError, ArithmeticError, IndexError) as error:
+            raise GGUFError(f"the {self.hp.arch} graph cannot be built from this file: "
+                            f"{type(error).__name__}: {error}") from None
+
+    @property
+    def max_positions(self) -> int | None:
+        """Rows of the learned position embedding, when the graph reads one (GPT-2): the longest context."""
+        return self.g.max_positions
 
     def has(self, name: str) -> bool:
         return name in self.f.tensors
@@ -94,9 +145,10 @@ class Builder:
     def weight(self, name: str) -> int:
         """A 2-D weight [rows, row length] in its stored type (zero copy)."""
         t = self._tensor(name)
+        check_type(t)
         ne0 = t.shape[0]
         ne1 = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
-        return self.g.weight(int(t.type), int(ne0), ne1, t.data)
+        return self.g.named_weight(name, int(t.type), int(ne0), ne1, t.data)
 
     def vector(self, name: str, optional: bool = False, add: float = 0.0) -> int:
         """A 1-D weight (norm scale, bias) as F32; -1 when optional and absent."""
@@ -111,12 +163,13 @@ class Builder:
             values = dequantize(t.data, t.type, t.shape).reshape(-1) + np.float32(add)
             data = np.ascontiguousarray(values, dtype=np.float32).view(np.uint8)
             self._keep.append(data)
-        return self.g.weight(int(GGMLType.F32), int(t.n_elements), 1, data)
+        return self.g.named_weight(name, int(GGMLType.F32), int(t.n_elements), 1, data)
 
     def _tensor(self, name: str):
         t = self.f.tensors.get(name)
         if t is None:
             raise GGUFError(f"tensor {name} is missing from the model file")
+        check_shape(t, self.shapes, self.hp.arch)
         return t
 
     # -- blocks ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import EmberError
+from ember.gguf.metadata import float_key, int_key
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DECODER_LAYER, DecoderConverter, get, require
 
@@ -28,20 +29,23 @@ def periodic_sliding(period: int, n_layer: int) -> list[bool]:
 
 
 def sliding_layers(metadata: dict, n_layer: int) -> list[bool]:
-    pattern = metadata.get("gemma3.attention.sliding_window_pattern", SLIDING_PATTERN)
-    if isinstance(pattern, (list, tuple, np.ndarray)):
+    key = "gemma3.attention.sliding_window_pattern"
+    pattern = metadata.get(key)
+    if isinstance(pattern, (list, tuple)):
+        pattern = np.asarray(pattern)
+    if isinstance(pattern, np.ndarray) and pattern.ndim == 1 and pattern.dtype.kind in "biu":
         flags = [bool(v) for v in pattern]
         return flags[:n_layer] + [False] * (n_layer - len(flags))
-    return periodic_sliding(int(pattern), n_layer)
+    return periodic_sliding(int_key(metadata, key, SLIDING_PATTERN, minimum=0), n_layer)
 
 
 def attention_scale(b: Builder) -> float:
     """1/sqrt(head_dim), or the file's attention.scale (query_pre_attn_scalar^-1/2 when they differ);
     llama.cpp's rule for the 62-layer 27B model, whose files carry no scale, is 1/sqrt(n_embd/n_head)."""
     hp = b.hp
-    scale = b.f.metadata.get("gemma3.attention.scale")
+    scale = float_key(b.f.metadata, "gemma3.attention.scale", 0.0, non_negative=True)
     if scale:
-        return float(scale)
+        return scale
     if hp.n_layer == 62:
         return 1.0 / math.sqrt(hp.n_embd / hp.n_head)
     return 1.0 / math.sqrt(hp.head_dim)
@@ -50,7 +54,7 @@ def attention_scale(b: Builder) -> float:
 def build(b: Builder) -> int:
     hp, g = b.hp, b.g
     sliding = sliding_layers(b.f.metadata, hp.n_layer) if hp.sliding_window > 0 else [False] * hp.n_layer
-    local_base = float(b.f.metadata.get("gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE))
+    local_base = float_key(b.f.metadata, "gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE, positive=True)
     scale = attention_scale(b)
     x = g.scale(g.get_rows(b.weight("token_embd.weight")), math.sqrt(hp.n_embd))
     for il in range(hp.n_layer):
@@ -71,7 +75,7 @@ def build(b: Builder) -> int:
         x = g.add(x, m)
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
     logits = g.matmul(b.output_weight(), x)
-    cap = float(b.f.metadata.get(f"{hp.arch}.final_logit_softcapping", 0.0) or 0.0)
+    cap = float_key(b.f.metadata, f"{hp.arch}.final_logit_softcapping", 0.0, non_negative=True)
     return g.softcap(logits, cap) if cap > 0 else logits
 
 

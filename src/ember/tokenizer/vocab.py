@@ -16,6 +16,7 @@ import numpy as np
 
 from ember import _core
 from ember.errors import EmberError
+from ember.gguf.metadata import bool_key, int_key, numeric_array_key, string_array_key, string_key
 from ember.gguf.strings import StringArray, string_table
 from ember.tokenizer.pretokenizers import PreTokenizer, pre_tokenizer
 
@@ -90,7 +91,7 @@ class Vocab:
 
 
 def vocab_from_metadata(metadata: dict) -> Vocab:
-    model = _get(metadata, "tokenizer.ggml.model")
+    model = string_key(metadata, "tokenizer.ggml.model")
     if model is None or model in ("none", "no_vocab"):
         raise EmberError(f"the model file has no tokenizer (tokenizer.ggml.model = {model!r}), "
                          "so it cannot turn text into tokens")
@@ -98,7 +99,7 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
     if kind is None:
         raise EmberError(f"unsupported tokenizer model tokenizer.ggml.model={model!r}; "
                          f"ember supports: {', '.join(MODELS)}")
-    tokens = metadata.get("tokenizer.ggml.tokens")
+    tokens = string_array_key(metadata, "tokenizer.ggml.tokens")
     if tokens is None or len(tokens) == 0:
         raise EmberError("the model's vocabulary (tokenizer.ggml.tokens) is missing or empty")
     has_empty = tokens.has_empty() if isinstance(tokens, StringArray) else "" in tokens
@@ -108,7 +109,7 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         tokens = list(tokens)
     n_vocab = len(tokens)
     pre = _pre_tokenizer(metadata) if kind == "bpe" else None
-    merges = metadata.get("tokenizer.ggml.merges") if kind == "bpe" else None
+    merges = string_array_key(metadata, "tokenizer.ggml.merges") if kind == "bpe" else None
     if kind == "bpe" and merges is None:
         raise EmberError("a BPE vocabulary needs tokenizer.ggml.merges, which is missing")
     vocab = Vocab(
@@ -131,7 +132,7 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
 
 
 def _pre_tokenizer(metadata: dict) -> PreTokenizer:
-    name = _get(metadata, "tokenizer.ggml.pre")
+    name = string_key(metadata, "tokenizer.ggml.pre")
     if name is None:
         warnings.warn("tokenizer.ggml.pre is missing: using the 'default' pre-tokenizer, as "
                       "llama.cpp does; tokenization quality may be degraded", stacklevel=3)
@@ -155,9 +156,9 @@ def _special_ids(metadata: dict, vocab: Vocab) -> dict[str, int | None]:
     special["eos"] = default_eos if default_eos < n_vocab else None
     keys = [(name, name) for name in _SPECIAL_KEYS] + list(_LEGACY_FIM_KEYS.items())
     for key, name in keys:
-        value = _get(metadata, f"tokenizer.ggml.{key}_token_id")
-        if value is not None and 0 <= int(value) < n_vocab:
-            special[name] = int(value)
+        value = int_key(metadata, f"tokenizer.ggml.{key}_token_id", None, minimum=-(2**63), maximum=2**64)
+        if value is not None and 0 <= value < n_vocab:
+            special[name] = value
     by_text = {"eot": _EOT_TEXTS, "eom": ("<|eom_id|>",), **_FIM_TEXTS}
     for name, texts in by_text.items():
         if special[name] is None:
@@ -197,23 +198,14 @@ def _first_token(vocab: Vocab, texts: tuple[str, ...]) -> int | None:
     return None
 
 
-def _get(metadata: dict, key: str) -> Any:
-    value = metadata.get(key)
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _flag(metadata: dict, name: str, default: bool) -> bool:
-    value = _get(metadata, f"tokenizer.ggml.{name}")
-    return default if value is None else bool(value)
+    return bool_key(metadata, f"tokenizer.ggml.{name}", default)
 
 
 def _array(metadata: dict, key: str, n_vocab: int, dtype) -> np.ndarray | None:
-    values = metadata.get(key)
+    values = numeric_array_key(metadata, key, "iu" if np.dtype(dtype).kind in "iu" else "iuf")
     if values is None:
         return None
-    values = np.asarray(values, dtype=dtype)
-    if values.ndim != 1 or len(values) < n_vocab:
+    if len(values) < n_vocab:
         raise EmberError(f"{key} has {values.size} entries for {n_vocab} tokens")
-    return values[:n_vocab]
+    return values[:n_vocab].astype(dtype)
