@@ -7,7 +7,7 @@ import pytest
 
 import ember
 from ember.engine.sampling import InvalidParameter
-from ember.errors import ModelNotFound
+from ember.errors import EmberError, ModelNotFound
 from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation, fake_llm
 from paths import FIXTURES
 
@@ -300,3 +300,39 @@ def test_unknown_activations_are_refused():
 
     with pytest.raises(EmberError, match="activations must be one of int8, f32, got 'fp8'"):
         ember.LLM("smollm2-135m", activations="fp8")
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    from tiny_llama import write_tiny_llama
+
+    llm = ember.LLM(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"), n_threads=1)
+    yield llm
+    llm.close()
+
+
+def test_tokenize_bytes_is_utf8_with_each_invalid_byte_as_u_fffd(tiny_llm):
+    # llama.cpp's rule (llama-tokenize gives "a\xe2\x82b\xff" as a, U+FFFD, U+FFFD, b, U+FFFD)
+    assert tiny_llm.tokenize(b"\xff") == tiny_llm.tokenize("\ufffd")
+    assert tiny_llm.tokenize(b"a\xe2\x82b\xff") == tiny_llm.tokenize("a\ufffd\ufffdb\ufffd")
+    assert tiny_llm.tokenize("héllo".encode()) == tiny_llm.tokenize("héllo")
+
+
+def test_a_bytes_prompt_is_text_not_token_ids(tiny_llm):
+    # bytes used to be taken for a list of token ids (255, 254) without a word
+    generation = tiny_llm.generation(b"\xff\xfe", max_tokens=1)
+    assert generation.prompt_tokens == tiny_llm.prompt_tokens("\ufffd\ufffd") != [255, 254]
+
+
+def test_prompt_token_ids_are_checked_before_generating(tiny_llm):
+    with pytest.raises(EmberError, match="token id 1099511627776 is outside the vocabulary"):
+        tiny_llm.generate([1, 2**40], max_tokens=2)
+    with pytest.raises(EmberError, match="token ids must be integers, got 'a'"):
+        tiny_llm.generate([1, "a"], max_tokens=2)
+
+
+@pytest.mark.parametrize("max_tokens", [-1, -100, 2.5])
+def test_negative_max_tokens_is_refused_not_unlimited(max_tokens):
+    # None is "until the model stops"; -1 used to mean that too, silently
+    with pytest.raises(EmberError, match=r"max_tokens must be a count >= 0, or None for no limit"):
+        completing("Say:", b"Hello").generate("Say:", max_tokens=max_tokens)

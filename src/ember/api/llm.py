@@ -29,6 +29,7 @@ from ember.engine.load import Loaded, chat_template_of
 from ember.engine.load import load as load_model
 from ember.engine.sampling_params import CHAT_TEMPERATURE, SamplingParams
 from ember.engine.sampling_params import DEFAULTS as D
+from ember.errors import EmberError
 
 Message = Mapping[str, object]
 
@@ -108,10 +109,9 @@ class LLM:
     # -- tokens ------------------------------------------------------------------------------
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text; `special=True` turns special-token text (e.g. "<|im_end|>") into its id."""
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        return self.tokenizer.encode(text, add_special=add_bos, parse_special=special)
+        """Token ids of text; `special=True` turns special-token text (e.g. "<|im_end|>") into its id.
+        Bytes are UTF-8 text; each byte that is not valid UTF-8 becomes U+FFFD, as in llama.cpp."""
+        return self.tokenizer.encode(_text(text), add_special=add_bos, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Text of token ids; special tokens (BOS, end of turn, ...) are rendered only with special=True."""
@@ -193,9 +193,9 @@ class LLM:
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                    max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
                    logprobs: int | None = None, keep_special: bool = False) -> Generation:
-        """A `Generation` (an iterator of chunks with counts and timings) for a prompt text or ids;
-        keep_special: control tokens in the reply keep their text."""
-        tokens = self.prompt_tokens(prompt) if isinstance(prompt, str) else list(prompt)
+        """A `Generation` (an iterator of chunks with counts and timings) for a prompt: text (str, or
+        UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text."""
+        tokens = self.prompt_tokens(_text(prompt)) if isinstance(prompt, (str, bytes)) else prompt
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
             params = _with_seed(params, int(self._seeds.integers(2**32)))
@@ -324,6 +324,15 @@ class LLM:
 def load(model: str | os.PathLike, **kwargs) -> LLM:
     """`LLM(model, **kwargs)`: load a registry model or a .gguf file."""
     return LLM(model, **kwargs)
+
+
+def _text(text: str | bytes) -> str:
+    """Text given as str, or as UTF-8 bytes in which each invalid byte stands for U+FFFD."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text).decode("utf-8", errors="surrogateescape")  # the tokenizer maps each to U+FFFD
+    if not isinstance(text, str):
+        raise EmberError(f"text must be str or bytes, got {type(text).__name__}")
+    return text
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ember.cli.main import batch_size
 from ember.hub import resolve_model
-from ember.sysinfo import physical_cores
+from ember.sysinfo import checked_threads, physical_cores
 
 
 @dataclass
@@ -88,7 +88,7 @@ def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=Non
 
     path = resolve_model(model_ref)  # a pull is not part of the load time
     results = []
-    for n_threads in threads or [physical_cores()]:
+    for n_threads in [checked_threads(n) for n in threads] if threads else [physical_cores()]:
         start = time.perf_counter()
         loaded = load(path, n_ctx=max(n_prompt, n_gen, 1), n_threads=n_threads,
                       n_batch=min(n_batch, max(n_prompt, 1)) if n_batch else max(n_prompt, 1),

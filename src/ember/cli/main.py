@@ -398,6 +398,11 @@ def batch_size(args, default: int = 512) -> int:
     return min(given) if given else default
 
 
+def one_line(text: object) -> str:
+    """A message as one line: control characters (newlines, ones from a model file's names) escaped."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in str(text))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -411,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _core.isa()  # EMBER_ISA names the kernel table; a bad one is a one-line error, not a traceback
         except ValueError as exc:
-            print(f"ember: error: {exc}", file=sys.stderr)
+            print(f"ember: error: {one_line(exc)}", file=sys.stderr)
             return 2
     try:
         with warnings.catch_warnings():
@@ -420,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             handler = getattr(importlib.import_module(module_name), func_name)
             return int(handler(args) or 0)
     except EmberError as exc:
-        print(f"ember: error: {exc}", file=sys.stderr)
+        print(f"ember: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -431,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     if issubclass(category, EmberWarning):
-        print(f"ember: warning: {message}", file=file or sys.stderr, flush=True)
+        print(f"ember: warning: {one_line(message)}", file=file or sys.stderr, flush=True)
     else:
         print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=file or sys.stderr)
 

@@ -27,6 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ember.engine.runtime import token_ids
 from ember.engine.sampling import Sampler, SamplingParams, token_logprobs
 from ember.errors import ContextFullError, EmberError
 
@@ -153,19 +154,23 @@ class Generation:
     """One request; iterate it for `Chunk`s. Afterwards `finish_reason`, the token counts and
     the timings (seconds, the consumer's time between chunks excluded) are set.
 
-    max_tokens: None or negative = until an end token, a stop string or a full context.
+    max_tokens: None = until an end token, a stop string or a full context (a negative count is
+    an error: llama.cpp's n_predict = -1 for "no limit" is None here).
     """
 
     def __init__(self, model, tokenizer, prompt_tokens: Sequence[int], params: SamplingParams | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
                  logprobs: int | None = None, cache: SequenceCache | None = None, keep_special: bool = False):
-        self.prompt_tokens = list(prompt_tokens)
+        self.prompt_tokens = token_ids(prompt_tokens, model.n_vocab).tolist()
         if not self.prompt_tokens:
             raise EmberError("the prompt is empty")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 0):
+            raise EmberError(f"max_tokens must be a count >= 0, or None for no limit; got {max_tokens!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.params = params or SamplingParams()
-        self.max_tokens = None if max_tokens is None or max_tokens < 0 else int(max_tokens)
+        self.max_tokens = max_tokens
         self.stops = [stop] if isinstance(stop, str) else list(stop or [])
         self.n_logprobs = logprobs
         self.cache = cache or SequenceCache(model)

@@ -14,9 +14,9 @@ import numpy as np
 from ember import _core
 from ember.errors import ContextFullError, EmberError, EmberWarning
 from ember.gguf import GGUFFile, open_gguf
-from ember.models import architecture
+from ember.models import architecture, tensor_shapes
 from ember.models.blocks import Builder
-from ember.sysinfo import available_cpus, physical_cores
+from ember.sysinfo import checked_threads, physical_memory
 
 DEFAULT_MAX_CTX = 4096
 ACTIVATIONS = ("int8", "f32")
@@ -26,9 +26,10 @@ class Model:
     """A loaded model: an opened GGUF file, or the path of one (names are resolved by engine.load).
 
     n_ctx: context length per sequence (default: the model's, capped at 4096; 0: the model's own,
-        as llama.cpp's -c 0). Beyond the model's training context it warns (EmberWarning).
-    n_threads: compute threads (default: physical cores); more than the CPUs the process may use
-        warns.
+        as llama.cpp's -c 0). Beyond the model's training context it warns (EmberWarning); a KV
+        cache larger than the machine's memory is an EmberError naming the largest that fits.
+    n_threads: compute threads (default: physical cores); see sysinfo.checked_threads for the
+        limits (a warning past the physical cores, an error past 4 per CPU).
     n_seq: sequence slots sharing the weights (the server's parallel requests).
     n_batch: tokens per graph run; longer prompts are processed in chunks of this size.
     n_outputs: most rows of logits one run returns (logits="all" is chunked to fit).
@@ -36,35 +37,67 @@ class Model:
         8-bit block format and takes integer dot products, as llama.cpp does; "f32": weights
         are dequantized to F32 row by row and the activations are not rounded (several times
         slower; logits as close to a float32 reference as the accumulation order allows).
+
+    `kv_bytes_per_token` is what one token of one sequence takes in the KV cache.
     """
 
     def __init__(self, model: GGUFFile | str | Path, n_ctx: int | None = None, n_threads: int | None = None,
                  n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8"):
+        _check_count("n_ctx", n_ctx, minimum=0)
+        for name, value in (("n_seq", n_seq), ("n_batch", n_batch), ("n_outputs", n_outputs)):
+            _check_count(name, value)
+        if activations not in ACTIVATIONS:
+            raise EmberError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.n_threads = checked_threads(n_threads)
         self.gguf = open_gguf(model) if isinstance(model, (str, Path)) else model
         arch = architecture(self.gguf.metadata.get("general.architecture"))
         self.hp = arch.hparams(self.gguf)
         self.n_vocab = self.hp.n_vocab
         self.n_ctx_train = self.hp.n_ctx_train
-        self.n_ctx = int(context_length(n_ctx, self.n_ctx_train))
-        self.n_threads = int(n_threads or physical_cores())
+        self.activations = activations
+        self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
+        builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp))
+        logits = builder.build(arch.build)
+        self._keep = builder._keep
+        self.graph.set_output(logits)
+        self.n_ctx = self._context_length(n_ctx, builder.max_positions)
         self.n_seq = int(n_seq)
         self.n_batch = int(min(n_batch, self.n_ctx))
         self.n_outputs = int(n_outputs or max(self.n_seq, 32))
-        for name, value in (("n_ctx", self.n_ctx), ("n_threads", self.n_threads), ("n_seq", self.n_seq),
-                            ("n_batch", self.n_batch), ("n_outputs", self.n_outputs)):
-            if value <= 0:
-                raise EmberError(f"{name} must be positive, got {value}")
-        if activations not in ACTIVATIONS:
-            raise EmberError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
-        _warn_beyond_model_and_machine(self.n_ctx, self.n_ctx_train, self.n_threads)
-        self.activations = activations
-        self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
-        builder = Builder(self.graph, self.gguf, self.hp)
-        logits = arch.build(builder)
-        self._keep = builder._keep
-        self.graph.set_output(logits)
-        self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq)
+        self._plan()
+        if self.n_ctx > self.n_ctx_train:
+            warnings.warn(EmberWarning(
+                f"the context of {self.n_ctx} tokens is larger than the model's training context ({self.n_ctx_train}); "
+                f"output past {self.n_ctx_train} tokens may degrade"), stacklevel=2)
         self._n_past = [0] * self.n_seq
+
+    def _context_length(self, n_ctx: int | None, max_positions: int | None) -> int:
+        """The context n_ctx asks for (`context_length`); at most the positions a learned position
+        embedding has (the default is cut to them, a larger n_ctx is an error)."""
+        context = int(context_length(n_ctx, self.n_ctx_train))
+        if max_positions is not None and context > max_positions:
+            if n_ctx is None:
+                return max_positions
+            raise EmberError(f"n_ctx {context} is more than the {max_positions} positions this model has embeddings "
+                             f"for (position_embd.weight); use at most {max_positions}")
+        return context
+
+    def _plan(self) -> None:
+        """Plan the arena and the KV cache, once it is known that they fit in this machine's memory."""
+        self.graph.plan(1, 1, 1, 1)  # the cache of one token of one sequence: what each token costs
+        per_token = self.kv_bytes_per_token = self.graph.kv_size
+        need = per_token * self.n_ctx * self.n_seq
+        available = physical_memory()
+        if need > available:
+            fits = available // max(1, per_token * self.n_seq)
+            slots = f" x {self.n_seq} sequences" if self.n_seq > 1 else ""
+            raise EmberError(f"a context of {self.n_ctx} tokens{slots} needs {_gib(need)} of KV cache, more than "
+                             f"this machine's {_gib(available)} of memory; use a context of at most {fits} tokens")
+        try:
+            self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq)
+        except MemoryError:
+            raise EmberError(f"not enough memory for a batch of {self.n_batch} tokens and a context of "
+                             f"{self.n_ctx} tokens; use smaller ones (-b / n_batch, -c / n_ctx)") from None
 
     # -- sequences ---------------------------------------------------------------------------
 
@@ -108,7 +141,7 @@ class Model:
         increasing indices into tokens (e.g. a range): [len(indices), n_vocab] for those tokens
         only, which spares the LM head and the copy for the others.
         """
-        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        tokens = token_ids(tokens, self.n_vocab)
         if tokens.size == 0:
             raise EmberError("no tokens to evaluate")
         wanted = self._wanted_rows(logits, tokens.size)
@@ -118,7 +151,6 @@ class Model:
                 f"{start + tokens.size} tokens do not fit in the context of {self.n_ctx} tokens"
                 f" ({start} already used); use a larger context (-c/n_ctx, the model was trained"
                 f" with {self.n_ctx_train}) or a shorter prompt")
-        self._check_tokens(tokens)
         rows = []
         step = self.n_batch if wanted.size <= 1 else min(self.n_batch, self.graph_outputs)
         for begin in range(0, tokens.size, step):
@@ -158,8 +190,7 @@ class Model:
         for s in seqs:
             if self._n_past[s] + 1 > self.n_ctx:
                 raise ContextFullError(f"sequence {s} has filled its context of {self.n_ctx} tokens")
-        tokens = np.array([t for _, t in items], dtype=np.int32)
-        self._check_tokens(tokens)
+        tokens = token_ids([t for _, t in items], self.n_vocab)
         positions = np.array([self._n_past[s] for s in seqs], dtype=np.int32)
         out = self._run(tokens, positions, seqs, np.arange(len(items), dtype=np.int32))
         for s in seqs:
@@ -169,11 +200,6 @@ class Model:
     @property
     def graph_outputs(self) -> int:
         return min(self.n_outputs, self.n_batch)
-
-    def _check_tokens(self, tokens: np.ndarray) -> None:
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
-            raise EmberError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
 
     def _run(self, tokens, positions, seq_ids, out_rows) -> np.ndarray:
         return self.graph.run(tokens, positions, seq_ids, out_rows)
@@ -199,16 +225,39 @@ def context_length(n_ctx: int | None, n_ctx_train: int) -> int:
     return n_ctx_train if n_ctx == 0 else n_ctx
 
 
-def _warn_beyond_model_and_machine(n_ctx: int, n_ctx_train: int, n_threads: int) -> None:
-    if n_ctx > n_ctx_train:
-        warnings.warn(EmberWarning(
-            f"the context of {n_ctx} tokens is larger than the model's training context ({n_ctx_train}); "
-            f"output past {n_ctx_train} tokens may degrade"), stacklevel=3)
-    n_cpus = available_cpus()
-    if n_threads > n_cpus:
-        warnings.warn(EmberWarning(
-            f"{n_threads} threads is more than the {n_cpus} CPUs this process can use, which is slower; "
-            f"the default is {physical_cores()} (the physical cores)"), stacklevel=3)
+def token_ids(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """Token ids as int32, each checked to be an integer in [0, n_vocab): an EmberError otherwise."""
+    if isinstance(tokens, (str, bytes)):
+        raise EmberError(f"token ids must be a sequence of integers, not {type(tokens).__name__}")
+    try:
+        ids = np.asarray(tokens)
+    except (ValueError, TypeError):
+        raise EmberError("token ids must be a flat sequence of integers") from None
+    ids = ids.reshape(-1)
+    if ids.size and ids.dtype.kind not in "iu":
+        items = tokens if isinstance(tokens, (list, tuple)) else ids.tolist()
+        for t in items:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise EmberError(f"token ids must be integers, got {t!r}")
+            if not 0 <= t < n_vocab:
+                raise EmberError(f"token id {t} is outside the vocabulary [0, {n_vocab})")
+    if ids.size and (ids.min() < 0 or ids.max() >= n_vocab):
+        bad = int(ids[(ids < 0) | (ids >= n_vocab)][0])
+        raise EmberError(f"token id {bad} is outside the vocabulary [0, {n_vocab})")
+    return ids.astype(np.int32)
+
+
+def _check_count(name: str, value, minimum: int = 1) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise EmberError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise EmberError(f"{name} must be {'positive' if minimum == 1 else f'>= {minimum}'}, got {value}")
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes < 2**50 else f"{n_bytes / 2**50:.3g} PiB"
 
 
 def planned_memory(path, n_ctx: int | None = None) -> dict:

@@ -34,7 +34,7 @@ from ember.quant.presets import (
     preset_by_name,
     tensor_types,
 )
-from ember.sysinfo import physical_cores
+from ember.sysinfo import checked_threads
 
 T = GGMLType
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION: the block layouts written here
@@ -70,6 +70,7 @@ def quantize_file(source: str | os.PathLike, output: str | os.PathLike, preset_n
     `progress(tensor name, values done, values total)` is called as the work advances.
     """
     start = time.perf_counter()
+    n_threads = checked_threads(n_threads)
     preset = preset_by_name(preset_name)
     source, output = Path(source), Path(output)
     _check_paths(source, output)
@@ -77,7 +78,7 @@ def quantize_file(source: str | os.PathLike, output: str | os.PathLike, preset_n
         types = output_types(gguf, preset)
         _check_sources(gguf, types, allow_requantize, source)
         writer = _writer(gguf, output, preset)
-        _add_tensors(writer, gguf, types, n_threads or physical_cores(), _Tracker(gguf, types, progress))
+        _add_tensors(writer, gguf, types, n_threads, _Tracker(gguf, types, progress))
         _check_space(output, _expected_size(gguf, types))
         try:
             writer.write()

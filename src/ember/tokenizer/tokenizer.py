@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from ember.errors import EmberError
 from ember.tokenizer.bpe import BpeEncoder
 from ember.tokenizer.spm import SPACE, SpmEncoder
@@ -141,6 +143,8 @@ class Tokenizer:
         return b""
 
     def _checked(self, token_id: int) -> int:
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
+            raise EmberError(f"token ids are integers, got {token_id!r}")
         if not 0 <= token_id < self._vocab.n_vocab:
             raise EmberError(f"token id {token_id} is outside the vocabulary (0..{self.n_vocab - 1})")
         return token_id

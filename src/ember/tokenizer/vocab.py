@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ember import _core
-from ember.errors import EmberError
+from ember.errors import EmberError, EmberWarning
 from ember.gguf.metadata import bool_key, int_key, numeric_array_key, string_array_key, string_key
 from ember.gguf.strings import StringArray, string_table
 from ember.tokenizer.pretokenizers import PreTokenizer, pre_tokenizer
@@ -135,7 +135,7 @@ def _pre_tokenizer(metadata: dict) -> PreTokenizer:
     name = string_key(metadata, "tokenizer.ggml.pre")
     if name is None:
         warnings.warn("tokenizer.ggml.pre is missing: using the 'default' pre-tokenizer, as "
-                      "llama.cpp does; tokenization quality may be degraded", stacklevel=3)
+                      "llama.cpp does; tokenization quality may be degraded", EmberWarning, stacklevel=3)
         name = "default"
     return pre_tokenizer(str(name))
 
