@@ -178,6 +178,27 @@ def test_an_unsupported_architecture_is_named(tmp_path):
     assert "unsupported architecture 'mamba'" in result.stderr
 
 
+def test_names_from_a_model_file_cannot_break_the_error_line(tmp_path):
+    from tiny_llama import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "odd.gguf", metadata={"general.architecture": "lla\nma\x1c\u2028"})
+    result = ember_cli("run", "-m", str(path), "hi")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [r"ember: error: unsupported architecture 'lla\nma\x1c\u2028' "
+                                          "(ember runs: gemma3, gpt2, llama, qwen2)"]
+
+
+def test_a_chat_template_that_never_finishes_is_one_line(tmp_path):
+    from tiny_llama import write_tiny_llama
+
+    hang = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    path = write_tiny_llama(tmp_path / "hang.gguf", metadata={"tokenizer.chat_template": hang})
+    result = ember_cli("run", "-m", str(path), "--chat", "-n", "2", "hi")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["ember: error: the chat template did not finish within 5 s "
+                                          "(ember's limit for rendering a chat template)"]
+
+
 def test_unknown_model_is_one_line():
     result = ember_cli("run", "-m", "no-such-model", "hi")
     assert result.returncode == 2 and result.stdout == ""

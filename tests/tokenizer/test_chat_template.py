@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from datetime import datetime
 
 import jinja2
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
@@ -174,3 +177,80 @@ def test_tojson_keeps_unicode_and_takes_json_dumps_options():
 def test_extra_variables_reach_the_template():
     template = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}no-think{% endif %}")
     assert template.render([], enable_thinking=False) == "no-think"
+
+
+# Templates that used to hang the process or take gigabytes: each must stop at a limit of its own,
+# with an error naming the limit, and leave the calling process as it was.
+HOSTILE = {
+    "nested loops of 10^10 steps": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                    "{% endfor %}", "did not finish within 0.5 s"),
+    "~ doubling": ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+                   "{% endfor %}{{ ns.s }}", "needs more than 64 MiB of memory"),
+    "+ doubling": ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+                   "{% endfor %}{{ ns.s }}", "needs more than 64 MiB of memory"),
+    "ljust": ("{{ 'x'.ljust(2**30) }}", "needs more than 64 MiB of memory"),
+    "rjust": ("{{ 'x'.rjust(2**40) }}", "needs more than 64 MiB of memory"),
+    "center": ("{{ 'x'.center(2**31) }}", "needs more than 64 MiB of memory"),
+    "center filter": ("{{ 'x'|center(2**31) }}", "needs more than 64 MiB of memory"),
+    "str.format width": ("{{ '{:>1000000000}'.format(1) }}", "needs more than 64 MiB of memory"),
+    "% width": ("{{ '%1000000000d' % 1 }}", "needs more than 64 MiB of memory"),
+    "format filter": ("{{ '%1000000000d'|format(1) }}", "needs more than 64 MiB of memory"),
+    "replace": ("{{ ('x' * 1000000).replace('x', 'y' * 1000) }}", "needs more than 64 MiB of memory"),
+    "join": ("{{ ('y' * 1000000).join(['a'] * 1000) }}", "needs more than 64 MiB of memory"),
+    "indent": ("{{ 'a\nb'|indent(2**30) }}", "needs more than 64 MiB of memory"),
+    "a list printed whole": ("{{ [('x' * 1000000)] * 100000 }}", "needs more than 64 MiB of memory"),
+    "1 MiB of output per iteration": ("{% for i in range(100000) %}{{ 'x' * 1048576 }}{% endfor %}",
+                                      "output exceeds 4194304 characters"),
+    "recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    "an expression nested 10^5 deep": ("{{" + "(" * 100000 + "1" + ")" * 100000 + "}}", "RecursionError"),
+}
+
+
+@pytest.mark.parametrize("source, limit", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_template_over_its_budget_is_an_error_naming_the_limit(source, limit):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=re.escape(limit)):
+        template = ChatTemplate(source, time_limit=0.5, output_limit=4 << 20, memory_limit=64 << 20)
+        template.render([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - started < 30  # the limit stopped it, not the test's timeout
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 32 << 10  # KiB: this process stayed small
+
+
+def test_rendering_goes_on_after_a_template_was_stopped():
+    hostile = ChatTemplate(HOSTILE["ljust"][0], memory_limit=64 << 20)
+    for _ in range(2):
+        with pytest.raises(ChatTemplateError, match="memory"):
+            hostile.render([])
+    assert ChatTemplate(DEFAULT_TEMPLATE).render([{"role": "user", "content": "hi"}], add_generation_prompt=False) \
+        == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_long_conversations_fit_the_default_budget():
+    long = [{"role": "user", "content": "x" * (8 << 20)}]  # the server's largest request body
+    assert len(ChatTemplate(DEFAULT_TEMPLATE).render(long)) > 8 << 20
+
+
+def test_templates_render_concurrently():
+    from concurrent.futures import ThreadPoolExecutor
+
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    conversations = [[{"role": "user", "content": f"message {i}"}] for i in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        rendered = list(pool.map(template.render, conversations))
+    assert rendered == [template.render(c) for c in conversations]
+
+
+@pytest.mark.parametrize("value", [np.array([1, 2], np.int32), ["{{ a }}", "{{ b }}"], 7])
+def test_a_chat_template_that_is_not_a_string_is_refused(value):
+    with pytest.raises(ChatTemplateError, match="tokenizer.chat_template must be a string; the model file has"):
+        ChatTemplate.from_metadata({"tokenizer.chat_template": value})
+
+
+def test_bos_and_eos_ids_of_the_wrong_kind_give_no_token_text():
+    template = ChatTemplate.from_metadata({"tokenizer.ggml.tokens": ["<s>", "</s>"],
+                                           "tokenizer.ggml.bos_token_id": np.array([0, 1]),
+                                           "tokenizer.ggml.eos_token_id": 1})
+    assert (template.bos_token, template.eos_token) == ("", "</s>")

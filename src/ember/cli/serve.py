@@ -30,10 +30,25 @@ def cli_serve(args) -> int:
               f"{model.n_ctx} tokens, {model.n_threads} threads{activations})", file=sys.stderr, flush=True)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
-        uvicorn.Server(config).run(sockets=[sock])
+        _server_class()(config).run(sockets=[sock])
     finally:
         scheduler.stop()
     return 0
+
+
+def _server_class():
+    import uvicorn
+
+    from ember.tokenizer.chat_template import stop_rendering
+
+    class Server(uvicorn.Server):
+        """uvicorn's server; Ctrl-C (or SIGTERM) also ends the chat templates being rendered, at once."""
+
+        def handle_exit(self, sig, frame):
+            stop_rendering()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

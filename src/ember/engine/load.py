@@ -16,7 +16,7 @@ from ember.errors import EmberError, EmberWarning
 from ember.gguf import GGUFFile, open_gguf
 from ember.hub import resolve_model
 from ember.tokenizer.chat_formats import builtin_names, builtin_template, canonical_name, detect_format
-from ember.tokenizer.chat_template import ChatTemplate
+from ember.tokenizer.chat_template import ChatTemplate, file_template
 from ember.tokenizer.tokenizer import Tokenizer
 
 
@@ -52,8 +52,9 @@ def chat_template_source(metadata: dict, override: str | None = None) -> tuple[s
     """
     if override is not None:
         return _override_source(override)
-    if metadata.get("tokenizer.chat_template"):
-        return str(metadata["tokenizer.chat_template"]), "the model file"
+    source = file_template(metadata)
+    if source:
+        return source, "the model file"
     name = detect_format(metadata)
     return builtin_template(name), f"built-in {name} (the file has no template; chosen from its tokens)"
 

@@ -3,7 +3,12 @@ detokenize, health, Prometheus metrics and the chat page at /.
 
 Every error is answered with an OpenAI-style body (see schemas.APIError): 400 for bad input,
 401 for a missing or wrong API key, 404 for unknown routes, 413 for a body over the limit,
-503 with Retry-After when every slot is busy and the queue is full.
+503 with Retry-After when every slot is busy and the queue is full. A client that goes away
+while it sends its request is counted as status 499 and not logged as an error.
+
+Chat templates render on threads of their own (each waits on a worker process that renders
+under a time, output and memory budget, see tokenizer/chat_template.py), so requests whose
+template runs into its limit never hold up tokenization or the event loop.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ import hmac
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from importlib import resources
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ember.api.openai_format import ResponseFormat
 from ember.api.tool_calls import ToolError
@@ -37,18 +45,29 @@ from ember.server.schemas import (
     parse,
 )
 from ember.server.streaming import JobEvents, event_stream, whole_response
+from ember.tokenizer.chat_template import RenderingStopped, stop_rendering
 
 log = logging.getLogger("ember.server")
 
 MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
+TEMPLATE_THREADS = 4  # chat templates rendering at once; more requests wait for one of these
+CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned
 ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
           "/metrics")
 
 
 def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None) -> FastAPI:
     """The app serving `llm` (an ember.LLM: its tokenizer, chat template and name) through `scheduler`."""
-    app = FastAPI(title="ember", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="ember-template")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        stop_rendering()  # a render still running ends now, not at its time limit
+        templates.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="ember", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     authorized = [Depends(_api_key_check(api_key))]
     started = int(time.time())
     _add_error_handlers(app)
@@ -81,9 +100,10 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     async def chat_completions(request: Request):
         body = parse(ChatRequest, await _read_json(request))
         grammar = await asyncio.to_thread(_constraint, body) if body.constraint_field else None
+        messages = [m.plain() for m in body.messages]
         try:
-            prompt = await asyncio.to_thread(llm.chat_prompt, [m.plain() for m in body.messages], body.tools,
-                                             body.tool_choice, body.parallel_tool_calls, grammar)
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                templates, llm.chat_prompt, messages, body.tools, body.tool_choice, body.parallel_tool_calls, grammar)
         except ToolError as error:
             raise APIError(400, str(error), param=error.param) from None
         response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs, tools=prompt.tools)
@@ -201,6 +221,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EmberError)
     async def bad_request(request: Request, error: EmberError):
         return answer(APIError(400, str(error)))
+
+    @app.exception_handler(RenderingStopped)
+    async def shutting_down(request: Request, error: RenderingStopped):
+        return answer(APIError(503, "the server is shutting down", kind="server_busy", code="shutting_down"))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, error: ClientDisconnect):
+        log.debug("the client of %s went away while sending its request", request.url.path)
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the metrics count it
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
