@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import EmberError
-from ember.gguf import GGUFFile, open_gguf
+from ember.gguf import GGUFFile, StringArray, open_gguf
 from ember.gguf.types import file_type_name
 
 TOKENIZER_KINDS = {"gpt2": "BPE", "llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram",
@@ -37,43 +37,46 @@ def cli_info(args) -> int:
         raise EmberError("ember info needs a MODEL (-m: registry name, .gguf path or ORG/REPO[:QUANT]), or --system")
     elif args.tensors or args.memory:
         raise EmberError("--tensors and --memory need a MODEL")
-    print(json.dumps(report, indent=2, default=_plain) if args.json else render(report))
+    print(json.dumps(report, indent=2, default=_json_value) if args.json else render(report))
     return 0
 
 
 def describe(f: GGUFFile, chat_template: str | None = None) -> dict[str, Any]:
-    """The facts `ember info` shows about a model file, as plain JSON-able values
-    (chat_template: the --chat-template given, which decides the chat format reported)."""
+    """The facts `ember info` shows about a model file, as plain JSON-able values (whatever the
+    file holds: a value of an unexpected kind is shown as it is, in short; chat_template: the
+    --chat-template given, which decides the chat format reported)."""
     from ember.engine.load import chat_template_source
 
-    heads = _plain(f.field("attention.head_count", None))
-    embedding = _plain(f.field("embedding_length", None))
-    head_dim = _plain(f.field("attention.key_length", None))
+    field = lambda name: _fact(f.field(name, None)) if isinstance(f.arch, str) else None  # noqa: E731
+    heads = field("attention.head_count")
+    embedding = field("embedding_length")
+    head_dim = field("attention.key_length")
     if head_dim is None and isinstance(heads, int) and isinstance(embedding, int) and heads:
         head_dim = embedding // heads
     tokens = f.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, (StringArray, list, np.ndarray)) else None
     file_type = f.get("general.file_type")
     histogram = Counter(t.type.name for t in f.tensors.values())
     return {
         "path": str(f.path),
         "file_size": f.size,
         "gguf_version": f.version,
-        "architecture": f.arch,
-        "name": f.get("general.name"),
+        "architecture": _fact(f.arch),
+        "name": _fact(f.get("general.name")),
         "parameters": sum(t.n_elements for t in f.tensors.values()),
-        "file_type": None if file_type is None else file_type_name(int(file_type)),
+        "file_type": file_type_name(int(file_type)) if isinstance(file_type, int) else _fact(file_type),
         "tensor_count": len(f.tensors),
         "tensor_types": dict(histogram.most_common()),
-        "context_length": _plain(f.field("context_length", None)),
+        "context_length": field("context_length"),
         "embedding_length": embedding,
-        "layers": _plain(f.field("block_count", None)),
+        "layers": field("block_count"),
         "heads": heads,
-        "kv_heads": _plain(f.field("attention.head_count_kv", None)),
+        "kv_heads": field("attention.head_count_kv"),
         "head_dim": head_dim,
-        "feed_forward_length": _plain(f.field("feed_forward_length", None)),
-        "vocab_size": len(tokens) if tokens is not None else _plain(f.field("vocab_size", None)),
-        "tokenizer": f.get("tokenizer.ggml.model"),
-        "tokenizer_pre": f.get("tokenizer.ggml.pre"),
+        "feed_forward_length": field("feed_forward_length"),
+        "vocab_size": n_tokens if n_tokens is not None else field("vocab_size"),
+        "tokenizer": _fact(f.get("tokenizer.ggml.model")),
+        "tokenizer_pre": _fact(f.get("tokenizer.ggml.pre")),
         "chat_template": "tokenizer.chat_template" in f.metadata,
         "chat_format": chat_template_source(f.metadata, chat_template)[1],
         "files": [str(p) for p in f.paths],
@@ -139,7 +142,7 @@ def _vocabulary(m: dict[str, Any]) -> str | None:
         return None
     text = f"{m['vocab_size']} tokens"
     if m["tokenizer"]:
-        kind = TOKENIZER_KINDS.get(m["tokenizer"])
+        kind = TOKENIZER_KINDS.get(m["tokenizer"]) if isinstance(m["tokenizer"], str) else None
         text += f", {kind} ({m['tokenizer']})" if kind else f", {m['tokenizer']}"
     if m["tokenizer_pre"]:
         text += f", pre-tokenizer {m['tokenizer_pre']}"
@@ -180,6 +183,22 @@ def _human_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} bytes"
+
+
+def _fact(value: Any) -> Any:
+    """A metadata value as `describe` reports it: a number, string or short list as it is; an
+    array of another length or kind as a short description (a hostile file can put anything anywhere)."""
+    value = _plain(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list) and len(value) <= 64 and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return value
+    return f"<array of {len(value)}>" if hasattr(value, "__len__") else f"<{type(value).__name__}>"
+
+
+def _json_value(value: Any) -> Any:
+    plain = _plain(value)
+    return str(value) if plain is value else plain
 
 
 def _plain(value: Any) -> Any:
