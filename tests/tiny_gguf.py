@@ -2,17 +2,29 @@
 written with ember's own writer, and the same model as the parts of a split model.
 
 Tests that need a real model file without pulling a registry model use these: the hub's fake
-Hugging Face server serves them, the llama-cpp-python compatibility tests load them.
+Hugging Face server serves them, the llama-cpp-python compatibility tests load them, and the
+tests of hostile input (and the fuzzer) start from it and change one thing:
+
+    write_tiny_model(path, metadata={"llama.attention.head_count": 0})      # one key changed
+    write_tiny_model(path, metadata={"llama.rope.freq_base": DROP})          # one key left out
+    write_tiny_model(path, types={"blk.0.attn_q.weight": GGMLType.Q8_1})     # one tensor's type
+    write_tiny_model(path, shapes={"blk.0.attn_q.weight": (32, 64)})          # ... or shape (ne0 first)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ember.errors import GGUFError
 from ember.gguf import GGUFValueType, GGUFWriter
 from ember.gguf.split import split_name
+from ember.gguf.types import TYPES, GGMLType
+from ember.quant.reference import quantize
+
+DROP = object()  # metadata={key: DROP} leaves the key out
 
 N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 2048
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -91,14 +103,48 @@ def tiny_tensors(seed: int = 0) -> list[tuple[str, np.ndarray]]:
     return tensors
 
 
-def write_tiny_model(path: Path, chat_template: str | None = None, name: str = "Tiny Llama") -> Path:
-    """The tiny model as one file."""
+def write_tiny_model(path: Path, chat_template: str | None = None, name: str = "Tiny Llama", *,
+                     metadata: dict[str, Any] | None = None, types: dict[str, GGMLType] | None = None,
+                     shapes: dict[str, tuple[int, ...]] | None = None, drop_tensors: tuple[str, ...] = (),
+                     seed: int = 0) -> Path:
+    """The tiny model as one file; `metadata` replaces (DROP: removes) or adds keys, `types` stores
+    tensors in another type, `shapes` gives tensors other ggml shapes (random values), and
+    `drop_tensors` leaves tensors out."""
+    changes = dict(metadata or {})
     writer = GGUFWriter(path, "llama")
-    for key, value, value_type in tiny_metadata(chat_template, name):
-        writer.add(key, value, value_type)
-    for tensor_name, array in tiny_tensors():
-        writer.add_tensor(tensor_name, array)
+    items = [(key, changes.pop(key), None) if key in changes else (key, value, value_type)
+             for key, value, value_type in tiny_metadata(chat_template, name)]
+    for key, value, value_type in items + [(key, value, None) for key, value in changes.items()]:
+        if value is not DROP:
+            writer.add(key, value, value_type)
+    rng = np.random.default_rng(seed + 1)
+    for tensor_name, array in tiny_tensors(seed):
+        if tensor_name in drop_tensors:
+            continue
+        if shapes and tensor_name in shapes:
+            array = rng.standard_normal(tuple(reversed(shapes[tensor_name]))).astype(np.float32) * 0.1
+        ggml_type = (types or {}).get(tensor_name, GGMLType.F32)
+        writer.add_tensor(tensor_name, stored_as(array, ggml_type, rng), ggml_type, tuple(reversed(array.shape)))
     return writer.write()
+
+
+def stored_as(values: np.ndarray, ggml_type: GGMLType, rng: np.random.Generator) -> np.ndarray:
+    """float32 values as the bytes of ggml_type; random blocks of the right size for a type ember
+    cannot quantize to (Q8_1, IQ*, I32, ...)."""
+    if ggml_type == GGMLType.F32:
+        return values
+    if ggml_type == GGMLType.F16:
+        return values.astype(np.float16)
+    try:
+        return quantize(values, ggml_type)
+    except GGUFError:
+        n_bytes = values.size // TYPES[ggml_type].block_size * TYPES[ggml_type].type_size
+        return rng.integers(0, 256, n_bytes, dtype=np.uint8).reshape(*values.shape[:-1], -1)
+
+
+def tensor_shapes() -> dict[str, tuple[int, ...]]:
+    """Every tensor of the tiny model and its ggml shape (ne0 first)."""
+    return {name: tuple(reversed(array.shape)) for name, array in tiny_tensors()}
 
 
 def write_split_model(directory: Path, prefix: str, n_parts: int, chat_template: str | None = None,

@@ -304,9 +304,9 @@ def test_unknown_activations_are_refused():
 
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
-    from tiny_llama import write_tiny_llama
+    from tiny_gguf import write_tiny_model
 
-    llm = ember.LLM(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"), n_threads=1)
+    llm = ember.LLM(write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf"), n_threads=1)
     yield llm
     llm.close()
 

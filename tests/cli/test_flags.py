@@ -17,7 +17,7 @@ import ember
 from ember.cli import run as run_command
 from ember.cli.main import batch_size, build_parser, main
 from ember.engine.sampling_params import DEFAULTS
-from ember.sysinfo import available_cpus, physical_cores
+from ember.sysinfo import physical_cores
 from fake_llm import ByteTokenizer, continuation, fake_llm
 from tiny_gguf import N_CTX_TRAIN, write_tiny_model
 
@@ -212,13 +212,13 @@ def test_a_context_beyond_training_warns_in_one_line(tiny):
                         f"training context ({N_CTX_TRAIN}); output past {N_CTX_TRAIN} tokens may degrade"]
 
 
-def test_threads_beyond_the_cpus_warn_in_one_line(tiny):
-    n = available_cpus() + 2
+def test_threads_beyond_the_cores_warn_in_one_line(tiny):
+    n = physical_cores() + 2
     result = ember_cli("run", "-m", tiny, "-c", "32", "-t", n, "-n", "1", "the")
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stderr.splitlines() if "warning" in line] == [
-        f"ember: warning: {n} threads is more than the {n - 2} CPUs this process can use, which is slower; "
-        f"the default is {physical_cores()} (the physical cores)"]
+        f"ember: warning: {n} threads is more than the {n - 2} physical cores this process can use, which is "
+        f"slower; the default is {n - 2}"]
 
 
 def test_context_zero_runs_with_the_models_context(tiny):

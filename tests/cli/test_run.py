@@ -179,9 +179,9 @@ def test_an_unsupported_architecture_is_named(tmp_path):
 
 
 def test_names_from_a_model_file_cannot_break_the_error_line(tmp_path):
-    from tiny_llama import write_tiny_llama
+    from tiny_gguf import write_tiny_model
 
-    path = write_tiny_llama(tmp_path / "odd.gguf", metadata={"general.architecture": "lla\nma\x1c\u2028"})
+    path = write_tiny_model(tmp_path / "odd.gguf", metadata={"general.architecture": "lla\nma\x1c\u2028"})
     result = ember_cli("run", "-m", str(path), "hi")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [r"ember: error: unsupported architecture 'lla\nma\x1c\u2028' "
@@ -189,10 +189,10 @@ def test_names_from_a_model_file_cannot_break_the_error_line(tmp_path):
 
 
 def test_a_chat_template_that_never_finishes_is_one_line(tmp_path):
-    from tiny_llama import write_tiny_llama
+    from tiny_gguf import write_tiny_model
 
     hang = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-    path = write_tiny_llama(tmp_path / "hang.gguf", metadata={"tokenizer.chat_template": hang})
+    path = write_tiny_model(tmp_path / "hang.gguf", metadata={"tokenizer.chat_template": hang})
     result = ember_cli("run", "-m", str(path), "--chat", "-n", "2", "hi")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == ["ember: error: the chat template did not finish within 5 s "

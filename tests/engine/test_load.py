@@ -12,7 +12,7 @@ from ember.engine.load import chat_template_of, chat_template_source, load
 from ember.engine.runtime import DEFAULT_MAX_CTX, Model
 from ember.errors import EmberError, EmberWarning
 from ember.gguf import open_gguf
-from ember.sysinfo import available_cpus
+from ember.sysinfo import physical_cores
 from ember.tokenizer.chat_formats import BUILTIN
 from tiny_gguf import N_CTX_TRAIN, write_tiny_model
 
@@ -77,16 +77,16 @@ def test_a_context_beyond_the_training_context_warns(tiny):
     assert model.n_ctx == 2 * N_CTX_TRAIN
 
 
-def test_more_threads_than_cpus_warns(tiny):
-    n = available_cpus() + 1
-    with pytest.warns(EmberWarning, match=rf"{n} threads is more than the {n - 1} CPUs"):
+def test_more_threads_than_cores_warns(tiny):
+    n = physical_cores() + 1
+    with pytest.warns(EmberWarning, match=rf"{n} threads is more than the {n - 1} physical cores"):
         Model(tiny, n_ctx=16, n_threads=n)
 
 
 def test_settings_within_the_model_and_machine_say_nothing(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Model(tiny, n_ctx=N_CTX_TRAIN, n_threads=available_cpus())
+        Model(tiny, n_ctx=N_CTX_TRAIN, n_threads=physical_cores())
 
 
 def test_without_mmap_the_model_computes_the_same(tiny):

@@ -1,5 +1,5 @@
-"""A mutation fuzzer for the model files ember opens: mutants of a tiny llama GGUF (tiny_llama.py,
-written with ember's own writer, random weights), each opened with `ember info` and run for two
+"""A mutation fuzzer for the model files ember opens: mutants of a tiny llama GGUF (tiny_gguf.py,
+written with ember's own writer, random weights in several types), each opened with `ember info` and run for two
 tokens with `ember run --chat` in a worker process.
 
 Mutations (`mutant(seed_bytes, layout, rng)`), over every part of the file:
@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tiny_llama.py, paths.py
+sys.path.insert(0, str(HERE.parent))  # tiny_gguf.py
 
-from tiny_llama import DROP, base_metadata, tensor_shapes, vocabulary, write_tiny_llama  # noqa: E402
+from tiny_gguf import DROP, tensor_shapes, tiny_metadata, write_tiny_model  # noqa: E402
 
 from ember.gguf.types import GGMLType  # noqa: E402
 
@@ -63,8 +63,17 @@ _SCALAR_SIZE = {V_UINT8: 1, V_INT8: 1, V_UINT16: 2, V_INT16: 2, V_UINT32: 4, V_I
 
 # -- the seed and its layout ---------------------------------------------------------------------
 
-def write_seed(path: Path) -> Path:
-    return write_tiny_llama(path, metadata={"tokenizer.chat_template": TEMPLATE})
+SEED_TYPES = {"token_embd.weight": GGMLType.Q8_0, "blk.0.attn_q.weight": GGMLType.Q4_0,
+              "blk.0.ffn_gate.weight": GGMLType.F16, "blk.1.ffn_up.weight": GGMLType.Q5_1,
+              "blk.1.attn_output.weight": GGMLType.Q4_1, "output.weight": GGMLType.Q8_0}
+
+
+def write_seed(path: Path, **changes) -> Path:
+    """The tiny model with a chat template and weights of several types; `changes` as write_tiny_model's."""
+    types = {**SEED_TYPES, **changes.pop("types", {})}
+    for name in changes.get("shapes", {}):
+        types.pop(name, None)  # a new shape gets F32 values
+    return write_tiny_model(path, TEMPLATE, types=types, **changes)
 
 
 @dataclass
@@ -213,14 +222,14 @@ def _interesting_value(rng: random.Random):
 
 def meaning_mutant(path: Path, rng: random.Random) -> str:
     """Rewrite the tiny model with one change of meaning; returns what was changed."""
-    keys = list(base_metadata()) + ["tokenizer.chat_template", "llama.vocab_size", "llama.rope.scaling.type",
+    keys = [key for key, _, _ in tiny_metadata(TEMPLATE)] + [ "llama.vocab_size", "llama.rope.scaling.type",
                                     "llama.rope.scaling.factor", "llama.attention.key_length",
                                     "llama.attention.value_length", "llama.attention.sliding_window",
                                     "general.alignment", "general.architecture"]
     kind = rng.choice(["value", "value", "value", "drop", "type", "shape", "drop tensor"])
-    shapes = tensor_shapes(len(vocabulary()))
+    shapes = tensor_shapes()
     name = rng.choice(list(shapes))
-    metadata = {"tokenizer.chat_template": TEMPLATE}
+    metadata = {}
     if kind == "value":
         key = rng.choice(keys)
         value = _interesting_value(rng)
@@ -237,10 +246,10 @@ def meaning_mutant(path: Path, rng: random.Random) -> str:
                  GGMLType.Q6_K, GGMLType.I32, GGMLType.IQ4_NL, GGMLType.BF16]
         ggml_type = rng.choice(types)
         try:
-            write_tiny_llama(path, metadata=metadata, types={name: ggml_type}, seed=rng.randrange(1 << 30))
+            write_seed(path, types={name: ggml_type}, seed=rng.randrange(1 << 30))
         except Exception:  # noqa: BLE001 - a shape the type cannot hold: a different change
             ggml_type = GGMLType.F16
-            write_tiny_llama(path, metadata=metadata, types={name: ggml_type}, seed=rng.randrange(1 << 30))
+            write_seed(path, types={name: ggml_type}, seed=rng.randrange(1 << 30))
         return f"{name} stored as {ggml_type.name}"
     elif kind == "shape":
         shape = list(shapes[name])
@@ -248,16 +257,15 @@ def meaning_mutant(path: Path, rng: random.Random) -> str:
         shape[d] = rng.choice([32, 64, 96, 128, 256, shape[d] * 2, 1])
         if rng.random() < 0.3:
             shape.append(rng.choice([1, 2]))
-        write_tiny_llama(path, metadata=metadata, shapes={name: tuple(shape)}, weight_type=GGMLType.F32,
-                         seed=rng.randrange(1 << 30))
+        write_seed(path, shapes={name: tuple(shape)}, seed=rng.randrange(1 << 30))
         return f"{name} shaped {shape}"
     else:
-        write_tiny_llama(path, metadata=metadata, drop_tensors=(name,), seed=rng.randrange(1 << 30))
+        write_seed(path, drop_tensors=(name,), seed=rng.randrange(1 << 30))
         return f"{name} dropped"
     try:
-        write_tiny_llama(path, metadata=metadata, seed=rng.randrange(1 << 30))
+        write_seed(path, metadata=metadata, seed=rng.randrange(1 << 30))
     except Exception as error:  # noqa: BLE001 - the writer refuses some values (as it should)
-        write_tiny_llama(path, metadata={"tokenizer.chat_template": TEMPLATE})
+        write_seed(path)
         return f"{change} (refused by the writer: {error}; the seed instead)"[:300]
     return change
 

@@ -19,11 +19,13 @@ from ember.models import llama
 from ember.models.blocks import Builder, HParams
 from ember.models.validate import CheckedGraph
 from paths import REPO
-from tiny_llama import DROP, N_EMBD, N_HEAD, write_tiny_llama
+from tiny_gguf import DROP, N_EMBD, N_HEAD, TOKENS, write_tiny_model
+
+N_VOCAB = len(TOKENS)
 
 
 def load(tmp_path, **changes) -> Model:
-    return Model(write_tiny_llama(tmp_path / "m.gguf", **changes), n_threads=1)
+    return Model(write_tiny_model(tmp_path / "m.gguf", **changes), n_threads=1)
 
 
 def test_the_unchanged_tiny_model_loads_and_runs(tmp_path):
@@ -64,10 +66,10 @@ def test_a_bad_hyper_parameter_is_an_error_naming_its_key(tmp_path, key, value, 
     ({"shapes": {"blk.1.ffn_down.weight": (128, 32)}}, r"tensor blk\.1\.ffn_down\.weight has shape \[128, 32\]"),
     ({"shapes": {"output_norm.weight": (65,)}}, r"tensor output_norm\.weight has shape \[65\]"),
     ({"metadata": {"llama.embedding_length": 32, "llama.rope.dimension_count": 8}},
-     r"tensor token_embd\.weight has shape \[64, 265\], but .* makes it \[32, 265\]"),
+     rf"tensor token_embd\.weight has shape \[64, {N_VOCAB}\], but .* makes it \[32, {N_VOCAB}\]"),
     ({"shapes": {"token_embd.weight": (64, 300)}},
-     r"the vocabulary has 265 tokens \(tokenizer\.ggml\.tokens\) but token_embd\.weight has 300"),
-    ({"shapes": {"output.weight": (64, 264)}}, "but output.weight has 264"),
+     rf"the vocabulary has {N_VOCAB} tokens \(tokenizer\.ggml\.tokens\) but token_embd\.weight has 300"),
+    ({"shapes": {"output.weight": (64, N_VOCAB - 1)}}, f"but output.weight has {N_VOCAB - 1}"),
     ({"drop_tensors": ("blk.1.attn_v.weight",)}, "tensor blk.1.attn_v.weight is missing"),
 ])
 def test_a_tensor_that_does_not_fit_the_metadata_is_an_error_naming_it(tmp_path, changes, match):
@@ -84,7 +86,7 @@ def test_a_weight_of_a_type_without_kernels_is_refused(tmp_path, ggml_type):
 
 def test_a_q8_1_weight_is_a_one_line_error_not_a_crash(tmp_path):
     # Q8_1 has no matmul kernel: the core used to call a null function pointer (SIGSEGV).
-    path = write_tiny_llama(tmp_path / "q81.gguf", types={"blk.0.attn_q.weight": GGMLType.Q8_1})
+    path = write_tiny_model(tmp_path / "q81.gguf", types={"blk.0.attn_q.weight": GGMLType.Q8_1})
     result = subprocess.run([sys.executable, "-m", "ember", "run", "-m", str(path), "-n", "2", "hi"],
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2, result.stderr
@@ -96,20 +98,20 @@ def test_a_q8_1_weight_is_a_one_line_error_not_a_crash(tmp_path):
 def test_the_graph_refusing_an_op_is_a_gguf_error_naming_the_weights(tmp_path):
     # With no table of expected shapes, the core's own checks still catch the misfit tensor, and
     # the error names it and its shape instead of "matmul: inner dimensions differ".
-    with open_gguf(write_tiny_llama(tmp_path / "m.gguf", shapes={"blk.0.attn_q.weight": (32, 64)})) as f:
+    with open_gguf(write_tiny_model(tmp_path / "m.gguf", shapes={"blk.0.attn_q.weight": (32, 64)})) as f:
         builder = Builder(_core.Graph(1), f, HParams.from_gguf(f), shapes={})
-        with pytest.raises(GGUFError, match=r"tensor blk\.0\.attn_q\.weight \(Q8_0 \[32, 64\]\) does not fit "
+        with pytest.raises(GGUFError, match=r"tensor blk\.0\.attn_q\.weight \(F32 \[32, 64\]\) does not fit "
                                             r"the llama graph \(matmul: inner dimensions differ\)"):
             builder.build(llama.build)
 
 
 def test_an_op_on_computed_values_names_the_weights_behind_them(tmp_path):
-    with open_gguf(write_tiny_llama(tmp_path / "m.gguf")) as f:
+    with open_gguf(write_tiny_model(tmp_path / "m.gguf")) as f:
         builder = Builder(_core.Graph(1), f, HParams.from_gguf(f))
         h = builder.g.get_rows(builder.weight("token_embd.weight"))
         narrow = builder.g.matmul(builder.weight("blk.0.attn_k.weight"), h)  # 32 wide
-        with pytest.raises(GGUFError, match=r"tensors token_embd\.weight \(Q8_0 \[64, 265\]\), "
-                                            r"blk\.0\.attn_k\.weight \(Q8_0 \[64, 32\]\) do not fit the llama graph "
+        with pytest.raises(GGUFError, match=rf"tensors token_embd\.weight \(F32 \[64, {N_VOCAB}\]\), "
+                                            r"blk\.0\.attn_k\.weight \(F32 \[64, 32\]\) do not fit the llama graph "
                                             r"\(add: element-wise op: column counts differ\)"):
             builder.g.add(h, narrow)
 
@@ -118,14 +120,14 @@ def test_a_failing_build_function_is_a_gguf_error(tmp_path):
     def build(b):
         return int(b.f.metadata["tokenizer.ggml.tokens"][:2])  # an architecture file tripping on odd metadata
 
-    with open_gguf(write_tiny_llama(tmp_path / "m.gguf")) as f:
+    with open_gguf(write_tiny_model(tmp_path / "m.gguf")) as f:
         builder = Builder(_core.Graph(1), f, HParams.from_gguf(f))
         with pytest.raises(GGUFError, match="the llama graph cannot be built from this file: TypeError: "):
             builder.build(build)
 
 
 def test_values_carry_the_weights_behind_them_but_are_plain_tensor_ids(tmp_path):
-    with open_gguf(write_tiny_llama(tmp_path / "m.gguf")) as f:
+    with open_gguf(write_tiny_model(tmp_path / "m.gguf")) as f:
         graph = _core.Graph(1)
         checked = CheckedGraph(graph, f.tensors, "llama")
         w = checked.named_weight("output_norm.weight", int(GGMLType.F32), N_EMBD, 1, f.tensors["output_norm.weight"].data)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ember_server import ServerProcess
-from tiny_llama import write_tiny_llama
+from tiny_gguf import write_tiny_model
 
 HANG = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 HI = [{"role": "user", "content": "hi"}]
@@ -24,7 +24,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
     process = ServerProcess("-m", str(path), "-t", "1", "--parallel", "4").wait_ready()
     yield process
     process.stop()
@@ -121,7 +121,7 @@ def test_concurrent_greedy_requests_get_the_replies_they_get_alone(tiny_server):
 
 @pytest.fixture(scope="module")
 def hanging_template_server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("hang") / "hang.gguf",
+    path = write_tiny_model(tmp_path_factory.mktemp("hang") / "hang.gguf",
                             metadata={"tokenizer.chat_template": HANG})
     process = ServerProcess("-m", str(path), "-t", "1", "--parallel", "2").wait_ready()
     yield process
@@ -150,7 +150,7 @@ def test_templates_that_never_finish_get_400_while_the_server_serves_others(hang
 
 
 def test_sigint_stops_a_server_whose_template_is_rendering(tmp_path):
-    path = write_tiny_llama(tmp_path / "hang.gguf", metadata={"tokenizer.chat_template": HANG})
+    path = write_tiny_model(tmp_path / "hang.gguf", metadata={"tokenizer.chat_template": HANG})
     server = ServerProcess("-m", str(path), "-t", "1").wait_ready()
     try:
         pending = ThreadPoolExecutor(2)
