@@ -257,7 +257,10 @@ def _check_count(name: str, value, minimum: int = 1) -> None:
 
 
 def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes < 2**50 else f"{n_bytes / 2**50:.3g} PiB"
+    for unit, size in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}" if n_bytes < 2**70 else f"{n_bytes / 2**60:.3g} EiB"
+    return f"{n_bytes / 2**30:.1f} GiB"
 
 
 def planned_memory(path, n_ctx: int | None = None) -> dict:

@@ -355,12 +355,16 @@ class _Parser:
         self.pos += codec.size
         return (value != 0 if vtype == GGUFValueType.BOOL else value), vtype
 
-    def array(self, what: str, depth: int) -> tuple[Any, ValueSpec]:
+    def array_header(self, what: str, depth: int) -> tuple[GGUFValueType, int]:
+        """An array's element type and count, the count checked against the bytes left."""
         if depth >= MAX_NESTING:
             raise self.fail(f"{what}: arrays nested more than {MAX_NESTING} deep")
         type_offset = self.pos
         elem_type = self.value_type(self.u32(f"element type of {what}"), what, type_offset)
-        n = self.count(f"{what}: array length", MIN_VALUE_BYTES[elem_type])
+        return elem_type, self.count(f"{what}: array length", MIN_VALUE_BYTES[elem_type])
+
+    def array(self, what: str, depth: int) -> tuple[Any, ValueSpec]:
+        elem_type, n = self.array_header(what, depth)
         if elem_type == GGUFValueType.STRING:
             named = f"{self.gguf.path}: {what}"
             strings, self.pos = read_string_array(self.mm, self.buf, self.pos, n, self.size, named)
@@ -400,11 +404,7 @@ class _Parser:
 
     def skip_array(self, what: str, depth: int) -> ValueSpec:
         """Walk past one array (element type, count, elements) without building its value."""
-        if depth >= MAX_NESTING:
-            raise self.fail(f"{what}: arrays nested more than {MAX_NESTING} deep")
-        type_offset = self.pos
-        elem_type = self.value_type(self.u32(f"element type of {what}"), what, type_offset)
-        n = self.count(f"{what}: array length", MIN_VALUE_BYTES[elem_type])
+        elem_type, n = self.array_header(what, depth)
         if elem_type == GGUFValueType.STRING:
             _, self.pos = locate_strings(self.mm, self.buf, self.pos, n, self.size, f"{self.gguf.path}: {what}")
             return (GGUFValueType.ARRAY, elem_type)

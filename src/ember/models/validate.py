@@ -32,38 +32,21 @@ def standard_shapes(hp) -> dict[str, tuple[int, ...]]:
     names under `blk.N.` are given without that prefix."""
     e, v, ff = hp.n_embd, hp.n_vocab, hp.n_ff
     q, kv = hp.n_head * hp.head_dim, hp.n_kv_head * hp.head_dim
-    return {
+    shapes = {
         "token_embd.weight": (e, v),
         "position_embd.weight": (e, hp.n_ctx_train),
-        "output.weight": (e, v),
-        "output_norm.weight": (e,),
-        "output_norm.bias": (e,),
         "rope_freqs.weight": (hp.rope_dims // 2,),
-        "attn_norm.weight": (e,),
-        "attn_norm.bias": (e,),
-        "attn_q.weight": (e, q),
-        "attn_q.bias": (q,),
-        "attn_k.weight": (e, kv),
-        "attn_k.bias": (kv,),
-        "attn_v.weight": (e, kv),
-        "attn_v.bias": (kv,),
-        "attn_qkv.weight": (e, q + 2 * kv),
-        "attn_qkv.bias": (q + 2 * kv,),
-        "attn_output.weight": (q, e),
-        "attn_output.bias": (e,),
         "attn_q_norm.weight": (hp.head_dim,),
         "attn_k_norm.weight": (hp.head_dim,),
-        "post_attention_norm.weight": (e,),
-        "ffn_norm.weight": (e,),
-        "ffn_norm.bias": (e,),
-        "post_ffw_norm.weight": (e,),
-        "ffn_gate.weight": (e, ff),
-        "ffn_gate.bias": (ff,),
-        "ffn_up.weight": (e, ff),
-        "ffn_up.bias": (ff,),
-        "ffn_down.weight": (ff, e),
-        "ffn_down.bias": (e,),
     }
+    projections = (("output", e, v), ("attn_q", e, q), ("attn_k", e, kv), ("attn_v", e, kv),
+                   ("attn_qkv", e, q + 2 * kv), ("attn_output", q, e), ("ffn_gate", e, ff), ("ffn_up", e, ff),
+                   ("ffn_down", ff, e))
+    norms = ("output_norm", "attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+    for name, n_in, n_out in projections + tuple((norm, e, e) for norm in norms):
+        shapes[f"{name}.weight"] = (n_in,) if name in norms else (n_in, n_out)
+        shapes[f"{name}.bias"] = (n_out,)
+    return shapes
 
 
 def _trimmed(shape: Iterable[int]) -> tuple[int, ...]:
