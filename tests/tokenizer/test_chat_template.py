@@ -212,10 +212,11 @@ def test_a_template_over_its_budget_is_an_error_naming_the_limit(source, limit):
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
+    time_limit = 0.5 if "did not finish" in limit else 30  # the others reach their limit first, even on a busy machine
     with pytest.raises(ChatTemplateError, match=re.escape(limit)):
-        template = ChatTemplate(source, time_limit=0.5, output_limit=4 << 20, memory_limit=64 << 20)
+        template = ChatTemplate(source, time_limit=time_limit, output_limit=4 << 20, memory_limit=64 << 20)
         template.render([{"role": "user", "content": "hi"}])
-    assert time.monotonic() - started < 30  # the limit stopped it, not the test's timeout
+    assert time.monotonic() - started < 60  # a limit stopped it, not the test's timeout
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 32 << 10  # KiB: this process stayed small
 
 
