@@ -96,7 +96,7 @@ class PyGraph {
     const Tensor& t = graph_.tensor(w);
     if (!t.is_weight) throw std::invalid_argument("get_rows reads a weight");
     const int64_t n_rows = t.ne1;  // read before add_node, which may move the tensor list
-    int32_t id = graph_.add_node(Op::GetRows, t.ne0, kRowsTokens, {w}, {}, {by_position ? 1 : 0});
+    int32_t id = graph_.add_node(Op::GetRows, t.ne0, kRowsTokens, {w}, GetRowsParams{by_position});
     get_rows_limits_.push_back({by_position, n_rows});
     return id;
   }
@@ -115,22 +115,22 @@ class PyGraph {
       throw std::invalid_argument("element-wise op: row counts differ");
     return same_rows(graph_.add_node(op, ta.ne0, ta.ne1, {a, b}), a);
   }
-  int32_t unary(Op op, int32_t a, float f0) {
+  int32_t unary(Op op, int32_t a, NodeParams params = NoParams{}) {
     const Tensor& t = f32_operand(a);
-    return same_rows(graph_.add_node(op, t.ne0, t.ne1, {a}, {f0}), a);
+    return same_rows(graph_.add_node(op, t.ne0, t.ne1, {a}, params), a);
   }
   int32_t rms_norm(int32_t x, int32_t w, float eps, int32_t group) {
     const Tensor& t = f32_operand(x);
     const int64_t width = group > 0 ? group : t.ne0;
     if (t.ne0 % width != 0) throw std::invalid_argument("rms_norm: group does not divide the row");
     check_vector(w, width);
-    return same_rows(graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, {eps}, {group}), x);
+    return same_rows(graph_.add_node(Op::RmsNorm, t.ne0, t.ne1, {x, w}, NormParams{eps, group}), x);
   }
   int32_t layer_norm(int32_t x, int32_t w, int32_t b, float eps) {
     const Tensor& t = f32_operand(x);
     check_vector(w, t.ne0);
     check_vector(b, t.ne0);
-    return same_rows(graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, {eps}), x);
+    return same_rows(graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, NormParams{eps, 0}), x);
   }
   int32_t rope(int32_t x, int32_t head_dim, int32_t n_rot, bool neox, float base, float freq_scale,
                int32_t factors) {
@@ -138,7 +138,7 @@ class PyGraph {
     if (head_dim <= 0 || t.ne0 % head_dim != 0) throw std::invalid_argument("rope: head_dim does not divide the row");
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 || n_rot / 2 > 512) throw std::invalid_argument("rope: bad n_rot");
     check_vector(factors, n_rot / 2);
-    return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, {base, freq_scale}, {head_dim, n_rot, neox ? 1 : 0});
+    return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, RopeParams{head_dim, n_rot, neox, base, freq_scale});
   }
   int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
                     float scale, int32_t window, float softcap) {
@@ -147,12 +147,18 @@ class PyGraph {
       throw std::invalid_argument("attention: bad head counts");
     if (tq.ne0 != int64_t(n_head) * head_dim || tk.ne0 != int64_t(n_kv_head) * head_dim || tv.ne0 != tk.ne0)
       throw std::invalid_argument("attention: q/k/v widths do not match the head counts");
-    return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, {scale, softcap},
-                           {n_head, n_kv_head, head_dim, window});
+    AttentionParams p;
+    p.n_head = n_head;
+    p.n_kv_head = n_kv_head;
+    p.head_dim = head_dim;
+    p.window = window;
+    p.scale = scale;
+    p.softcap = softcap;
+    return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, p);
   }
   int32_t select_outputs(int32_t x) {
     const Tensor& t = token_rows(x);
-    return graph_.add_node(Op::SelectRows, t.ne0, kRowsOutputs, {x});
+    return graph_.add_node(Op::SelectOutputs, t.ne0, kRowsOutputs, {x});
   }
   int32_t view(int32_t x, int64_t col_offset, int64_t n_cols) {
     if (graph_.tensor(x).row_split != 1) throw std::invalid_argument("view: column slices are of unsplit rows");
@@ -231,15 +237,13 @@ class PyGraph {
   void set_profiling(bool on) { graph_.set_profiling(on); }
   // [(op name, weight type name or "", total ns)] per node, in execution order.
   nb::list profile() const {
-    static const char* names[] = {"input", "get_rows", "matmul", "add", "mul", "scale", "rms_norm", "layer_norm",
-                                  "rope", "silu", "gelu", "swiglu", "geglu", "attention", "select_rows", "softcap"};
     nb::list out;
     const auto& times = graph_.node_times();
     for (size_t i = 0; i < graph_.nodes().size() && i < times.size(); ++i) {
       const Node& n = graph_.nodes()[i];
       std::string type;
       if (n.op == Op::MatMul || n.op == Op::GetRows) type = type_traits(graph_.tensor(n.src[0]).type).name;
-      out.append(nb::make_tuple(names[static_cast<int>(n.op)], type, times[i]));
+      out.append(nb::make_tuple(op_name(n.op), type, times[i]));
     }
     return out;
   }
@@ -282,7 +286,7 @@ class PyGraph {
   }
   int64_t input_cols(int64_t index) const {
     for (const Tensor& t : graph_.tensors())
-      if (t.producer >= 0 && graph_.node(t.producer).op == Op::Input && graph_.node(t.producer).i[0] == index)
+      if (t.producer >= 0 && graph_.node(t.producer).op == Op::Input && graph_.node(t.producer).as<InputParams>().index == index)
         return t.ne0;
     throw std::invalid_argument("no such input");
   }
@@ -466,27 +470,28 @@ NB_MODULE(_core, m) {
   nb::class_<PyGraph>(m, "Graph")
       .def(nb::init<int, bool>(), "n_threads"_a, "float_activations"_a = false)
       .def("weight", &PyGraph::weight, "type"_a, "ne0"_a, "ne1"_a, "data"_a)
-      .def("input", &PyGraph::input, "ne0"_a)
-      .def("get_rows", &PyGraph::get_rows, "weight"_a, "by_position"_a = false)
-      .def("matmul", &PyGraph::matmul, "weight"_a, "x"_a)
-      .def("add", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Add, a, b); })
-      .def("mul", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Mul, a, b); })
-      .def("swiglu", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::SwiGLU, a, b); }, "gate"_a, "up"_a)
-      .def("geglu", [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::GeGLU, a, b); }, "gate"_a, "up"_a)
-      .def("scale", [](PyGraph& g, int32_t a, float s) { return g.unary(Op::Scale, a, s); })
-      .def("silu", [](PyGraph& g, int32_t a) { return g.unary(Op::Silu, a, 0.0f); })
-      .def("gelu", [](PyGraph& g, int32_t a) { return g.unary(Op::Gelu, a, 0.0f); })
-      .def("softcap", [](PyGraph& g, int32_t a, float cap) {
+      // The methods that add an op are named by the op table (core/op.h).
+      .def(op_name(Op::Input), &PyGraph::input, "ne0"_a)
+      .def(op_name(Op::GetRows), &PyGraph::get_rows, "weight"_a, "by_position"_a = false)
+      .def(op_name(Op::MatMul), &PyGraph::matmul, "weight"_a, "x"_a)
+      .def(op_name(Op::Add), [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Add, a, b); })
+      .def(op_name(Op::Mul), [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::Mul, a, b); })
+      .def(op_name(Op::SwiGLU), [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::SwiGLU, a, b); }, "gate"_a, "up"_a)
+      .def(op_name(Op::GeGLU), [](PyGraph& g, int32_t a, int32_t b) { return g.binary(Op::GeGLU, a, b); }, "gate"_a, "up"_a)
+      .def(op_name(Op::Scale), [](PyGraph& g, int32_t a, float s) { return g.unary(Op::Scale, a, ScaleParams{s}); })
+      .def(op_name(Op::Silu), [](PyGraph& g, int32_t a) { return g.unary(Op::Silu, a); })
+      .def(op_name(Op::Gelu), [](PyGraph& g, int32_t a) { return g.unary(Op::Gelu, a); })
+      .def(op_name(Op::Softcap), [](PyGraph& g, int32_t a, float cap) {
         if (!(cap > 0.0f)) throw std::invalid_argument("softcap must be > 0");
-        return g.unary(Op::Softcap, a, cap);
+        return g.unary(Op::Softcap, a, SoftcapParams{cap});
       })
-      .def("rms_norm", &PyGraph::rms_norm, "x"_a, "weight"_a = -1, "eps"_a = 1e-6f, "group"_a = 0)
-      .def("layer_norm", &PyGraph::layer_norm, "x"_a, "weight"_a = -1, "bias"_a = -1, "eps"_a = 1e-5f)
-      .def("rope", &PyGraph::rope, "x"_a, "head_dim"_a, "n_rot"_a, "neox"_a, "base"_a, "freq_scale"_a = 1.0f,
+      .def(op_name(Op::RmsNorm), &PyGraph::rms_norm, "x"_a, "weight"_a = -1, "eps"_a = 1e-6f, "group"_a = 0)
+      .def(op_name(Op::LayerNorm), &PyGraph::layer_norm, "x"_a, "weight"_a = -1, "bias"_a = -1, "eps"_a = 1e-5f)
+      .def(op_name(Op::Rope), &PyGraph::rope, "x"_a, "head_dim"_a, "n_rot"_a, "neox"_a, "base"_a, "freq_scale"_a = 1.0f,
            "factors"_a = -1)
-      .def("attention", &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
+      .def(op_name(Op::Attention), &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
            "scale"_a, "window"_a = 0, "softcap"_a = 0.0f)
-      .def("select_outputs", &PyGraph::select_outputs)
+      .def(op_name(Op::SelectOutputs), &PyGraph::select_outputs)
       .def("view", &PyGraph::view, "x"_a, "col_offset"_a, "n_cols"_a)
       .def("reshape", &PyGraph::reshape, "x"_a, "ne0"_a)
       .def("permute", &PyGraph::permute, "x"_a)
@@ -548,5 +553,6 @@ NB_MODULE(_core, m) {
   m.def("set_isa", &set_active_isa, "isa"_a);
   m.def("tile_dot_product", &tile_dot_product_checked, "a_sign"_a, "b_sign"_a, "a"_a, "b"_a, "c"_a);
   m.def("types_with_kernels", &types_with_kernels);
+  m.def("op_names", [] { return std::vector<std::string>(std::begin(kOpNames), std::end(kOpNames)); });
   m.def("allocations_during_run", &allocations_during_run);
 }

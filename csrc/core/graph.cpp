@@ -52,14 +52,16 @@ int32_t Graph::add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* d
 }
 
 int32_t Graph::add_input(int64_t ne0) {
-  int32_t id = add_node(Op::Input, ne0, kRowsTokens, {}, {}, {static_cast<int32_t>(n_inputs_)});
+  int32_t id = add_node(Op::Input, ne0, kRowsTokens, {}, InputParams{static_cast<int32_t>(n_inputs_)});
   ++n_inputs_;
   return id;
 }
 
 int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<int32_t> srcs,
-                        std::initializer_list<float> f, std::initializer_list<int32_t> i) {
+                        NodeParams params) {
   if (ne0 <= 0) throw std::invalid_argument("node with no columns");
+  if (static_cast<int>(op) < 0 || op >= Op::Count || !params_fit(op, params))
+    throw std::logic_error(std::string("parameters of the wrong kind for op ") + op_name(op));
   Node n;
   n.op = op;
   int k = 0;
@@ -70,10 +72,7 @@ int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<i
       throw std::invalid_argument("bad source tensor");
     n.src[k++] = s;
   }
-  k = 0;
-  for (float v : f) n.f[k++] = v;
-  k = 0;
-  for (int32_t v : i) n.i[k++] = v;
+  n.params = params;
   Tensor t;
   t.ne0 = ne0;
   t.ne1 = ne1;
@@ -81,7 +80,10 @@ int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<i
   t.producer = static_cast<int32_t>(nodes_.size());
   tensors_.push_back(t);
   n.out = static_cast<int32_t>(tensors_.size() - 1);
-  if (op == Op::Attention) n.i[4] = static_cast<int32_t>(kv_.size()), kv_.emplace_back();
+  if (op == Op::Attention) {
+    std::get<AttentionParams>(n.params).kv_layer = static_cast<int32_t>(kv_.size());
+    kv_.emplace_back();
+  }
   nodes_.push_back(n);
   return n.out;
 }
@@ -179,7 +181,7 @@ size_t Graph::node_work_size(const Node& n) const {
     case Op::Attention:
       // Per thread: scores over the context and an output accumulator, for up to 4 query heads
       // that share a KV head (kMaxHeads in ops/attention.cpp).
-      return static_cast<size_t>(pool_.size()) * align_up(4 * (n_ctx_ + n.i[2]) * sizeof(float));
+      return static_cast<size_t>(pool_.size()) * align_up(4 * (n_ctx_ + n.as<AttentionParams>().head_dim) * sizeof(float));
     default:
       return 0;
   }
@@ -230,10 +232,11 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
 
   for (const Node& n : nodes_) {
     if (n.op != Op::Attention) continue;
-    KVCache& c = kv_[n.i[4]];
+    const AttentionParams& p = n.as<AttentionParams>();
+    KVCache& c = kv_[p.kv_layer];
     c.n_ctx = n_ctx;
     c.n_seq = n_seq;
-    c.row_elems = static_cast<int64_t>(n.i[1]) * n.i[2];
+    c.row_elems = static_cast<int64_t>(p.n_kv_head) * p.head_dim;
     size_t elems = static_cast<size_t>(n_ctx * n_seq * c.row_elems);
     c.k = map_zero_pages(elems * sizeof(uint16_t));
     c.v = map_zero_pages(elems * sizeof(uint16_t));

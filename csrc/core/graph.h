@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/op.h"
 #include "core/threadpool.h"
 #include "core/types.h"
 
@@ -64,10 +66,11 @@ struct Node {
   Op op = Op::Input;
   int32_t out = -1;           // tensor id
   int32_t src[4] = {-1, -1, -1, -1};
-  float f[8] = {};
-  int32_t i[8] = {};
+  NodeParams params;          // of the type EMBER_OPS gives the op
   size_t work_offset = 0;     // scratch in the arena for this node
   size_t work_size = 0;
+  template <typename P>
+  const P& as() const { return std::get<P>(params); }
 };
 
 struct KVCache {
@@ -118,7 +121,7 @@ class Graph {
   int32_t add_weight(GGMLType type, int64_t ne0, int64_t ne1, const void* data, size_t n_bytes);
   int32_t add_input(int64_t ne0);  // F32 activations [n_tokens, ne0] given to run()
   int32_t add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<int32_t> srcs,
-                   std::initializer_list<float> f = {}, std::initializer_list<int32_t> i = {});
+                   NodeParams params = NoParams{});
   int32_t add_view(int32_t src, int64_t col_offset, int64_t n_cols);
   // [rows, ne0] as [rows * ne0 / new_ne0, new_ne0] (or back), where memory is dense per token.
   int32_t add_reshape(int32_t src, int64_t new_ne0);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/op.h"
 #include "core/types.h"
 
 #define EMBER_STRINGIFY_(x) #x
@@ -74,17 +75,12 @@ struct TypeKernels {
   GemmPanelFn gemm_panel = nullptr;  // optional; for prompts, with the activations in panels
 };
 
-enum class Op : int32_t {
-  Input, GetRows, MatMul, Add, Mul, Scale, RmsNorm, LayerNorm, Rope, Silu, Gelu, SwiGLU, GeGLU,
-  Attention, SelectRows, Softcap, Count
-};
-
 using OpFn = void (*)(const Node& node, ExecContext& ctx, int ith, int nth);
 
 struct KernelTable {
   const char* isa = nullptr;
   TypeKernels types[kTypeCount];
-  OpFn ops[static_cast<int>(Op::Count)] = {};
+  OpFn ops[kOpCount] = {};
   const TypeKernels& of(GGMLType t) const { return types[static_cast<int>(t)]; }
 };
 

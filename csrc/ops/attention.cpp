@@ -168,10 +168,10 @@ inline float softmax_in_place(float* s, int64_t n, float scale, float softcap) {
 // Heads h0 .. h0 + G - 1 of token t, all on KV head kvh: scores over the visible positions,
 // softmax, the weighted sum of values. scores: G x n_ctx floats, acc: G x head_dim.
 template <int G>
-void attend_heads(const Node& n, ExecContext& ctx, KVCache& cache, int64_t t, int64_t h0, int64_t kvh,
-                  float* scores, float* acc) {
-  const int64_t head_dim = n.i[2], window = n.i[3];
-  const float scale = n.f[0], softcap = n.f[1];
+void attend_heads(const Node& n, const AttentionParams& p, ExecContext& ctx, KVCache& cache, int64_t t, int64_t h0,
+                  int64_t kvh, float* scores, float* acc) {
+  const int64_t head_dim = p.head_dim, window = p.window;
+  const float scale = p.scale, softcap = p.softcap;
   const int64_t pos = ctx.positions[t], seq = ctx.seq_ids[t], n_ctx = cache.n_ctx;
   const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
   const float* q = operand_row(ctx, src_tensor(ctx, n, 0), t) + h0 * head_dim;
@@ -206,8 +206,9 @@ void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth)
 }
 
 void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
-  const int64_t n_head = n.i[0], n_kv_head = n.i[1];
-  KVCache& cache = ctx.graph->kv(n.i[4]);
+  const AttentionParams& p = n.as<AttentionParams>();
+  const int64_t n_head = p.n_head, n_kv_head = p.n_kv_head;
+  KVCache& cache = ctx.graph->kv(p.kv_layer);
   store_kv(n, ctx, cache, ith, nth);
   ctx.barrier();
 
@@ -220,10 +221,10 @@ void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
     const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
     const int64_t run = std::min({items.end - item, (kvh + 1) * group - h, int64_t{kMaxHeads}});
     switch (run) {
-      case 4: attend_heads<4>(n, ctx, cache, t, h, kvh, scores, acc); break;
-      case 3: attend_heads<3>(n, ctx, cache, t, h, kvh, scores, acc); break;
-      case 2: attend_heads<2>(n, ctx, cache, t, h, kvh, scores, acc); break;
-      default: attend_heads<1>(n, ctx, cache, t, h, kvh, scores, acc); break;
+      case 4: attend_heads<4>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
+      case 3: attend_heads<3>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
+      case 2: attend_heads<2>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
+      default: attend_heads<1>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
     }
     item += run;
   }

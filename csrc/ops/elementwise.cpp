@@ -18,7 +18,7 @@ void map_rows(const Node& n, ExecContext& ctx, int ith, int nth, F f) {
 }
 
 void op_input(const Node& n, ExecContext& ctx, int ith, int nth) {
-  const float* in = ctx.inputs[n.i[0]];
+  const float* in = ctx.inputs[n.as<InputParams>().index];
   map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
     std::memcpy(y, in + r * cols, cols * sizeof(float));
   });
@@ -42,7 +42,7 @@ void op_mul(const Node& n, ExecContext& ctx, int ith, int nth) {
 
 void op_scale(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor& a = src_tensor(ctx, n, 0);
-  const float s = n.f[0];
+  const float s = n.as<ScaleParams>().scale;
   map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
     const float* x = operand_row(ctx, a, r);
     for (int64_t c = 0; c < cols; ++c) y[c] = x[c] * s;
@@ -85,7 +85,7 @@ void op_geglu(const Node& n, ExecContext& ctx, int ith, int nth) {
 // cap * tanh(x / cap)
 void op_softcap(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor& a = src_tensor(ctx, n, 0);
-  const float cap = n.f[0];
+  const float cap = n.as<SoftcapParams>().cap;
   map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
     const float* x = operand_row(ctx, a, r);
     for (int64_t c = 0; c < cols; ++c) y[c] = cap * tanh_approx(x[c] / cap);
@@ -93,7 +93,7 @@ void op_softcap(const Node& n, ExecContext& ctx, int ith, int nth) {
 }
 
 // Gathers the rows whose logits are wanted (ctx.output_rows) before the output projection.
-void op_select_rows(const Node& n, ExecContext& ctx, int ith, int nth) {
+void op_select_outputs(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor& a = src_tensor(ctx, n, 0);
   map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
     std::memcpy(y, operand_row(ctx, a, ctx.output_rows[r]), cols * sizeof(float));
@@ -112,7 +112,7 @@ void register_elementwise_ops(KernelTable& t) {
   t.ops[static_cast<int>(Op::SwiGLU)] = op_swiglu;
   t.ops[static_cast<int>(Op::GeGLU)] = op_geglu;
   t.ops[static_cast<int>(Op::Softcap)] = op_softcap;
-  t.ops[static_cast<int>(Op::SelectRows)] = op_select_rows;
+  t.ops[static_cast<int>(Op::SelectOutputs)] = op_select_outputs;
 }
 
 }  // namespace EMBER_ISA_NS

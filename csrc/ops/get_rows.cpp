@@ -1,5 +1,5 @@
 // Embedding lookup: row ids[r] of a weight of any type, dequantized to F32. The ids are the
-// batch's tokens (i[0] == 0) or positions (i[0] == 1, learned position embeddings).
+// batch's tokens or, with by_position, its positions (learned position embeddings).
 #include "ops/common.h"
 
 namespace ember {
@@ -9,7 +9,7 @@ namespace {
 
 void op_get_rows(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
-  const int32_t* ids = n.i[0] == 1 ? ctx.positions : ctx.tokens;
+  const int32_t* ids = n.as<GetRowsParams>().by_position ? ctx.positions : ctx.tokens;
   const DequantizeRowFn dequant = ctx.kernels->of(w.type).dequantize_row;
   const uint8_t* base = static_cast<const uint8_t*>(w.weight_data);
   const Range rows = split(ctx.rows(out), ith, nth);

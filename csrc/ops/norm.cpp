@@ -17,8 +17,9 @@ const float* optional_vector(const ExecContext& ctx, const Node& n, int k) {
 // y = x / sqrt(mean(x^2) + eps) * w
 void op_rms_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
-  const float eps = n.f[0];
-  const int64_t group = n.i[0] > 0 ? n.i[0] : out.ne0;
+  const NormParams& p = n.as<NormParams>();
+  const float eps = p.eps;
+  const int64_t group = p.group > 0 ? p.group : out.ne0;
   const float* w = optional_vector(ctx, n, 1);
   const Range rows = split(ctx.rows(out), ith, nth);
   for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -40,7 +41,7 @@ void op_rms_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
 // y = (x - mean) / sqrt(var + eps) * w + b
 void op_layer_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
-  const float eps = n.f[0];
+  const float eps = n.as<NormParams>().eps;
   const int64_t cols = out.ne0;
   const float* w = optional_vector(ctx, n, 1);
   const float* b = optional_vector(ctx, n, 2);

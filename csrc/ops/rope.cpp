@@ -14,9 +14,10 @@ constexpr int kMaxRotPairs = 512;
 
 void op_rope(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
-  const int64_t head_dim = n.i[0], n_rot = n.i[1];
-  const bool neox = n.i[2] != 0;
-  const float base = n.f[0], freq_scale = n.f[1];
+  const RopeParams& p = n.as<RopeParams>();
+  const int64_t head_dim = p.head_dim, n_rot = p.n_rot;
+  const bool neox = p.neox;
+  const float base = p.base, freq_scale = p.freq_scale;
   const float* factors = n.src[1] >= 0 ? operand_row(ctx, src_tensor(ctx, n, 1), 0) : nullptr;
   const int64_t n_heads = out.ne0 / head_dim, half = n_rot / 2;
   float cos_t[kMaxRotPairs], sin_t[kMaxRotPairs];

@@ -1,4 +1,4 @@
-"""The graph runtime: run-time token counts and positions, the arena plan (64-byte aligned, reuse
+"""The graph runtime: the op table (names), run-time token counts and positions, the arena plan (64-byte aligned, reuse
 by liveness), the KV cache size, the thread pool (persistent workers, results independent of the
 thread count), no heap allocation during a run, errors for bad inputs, and ISA selection
 (EMBER_ISA, set_isa)."""
@@ -101,6 +101,26 @@ class TinyModel:
             outputs.append(self.run(tokens[20 + 3 * step:23 + 3 * step], [13 + step, 7 + step, 7 + step],
                                     [0, 1, 2], [0, 1, 2]))
         return outputs
+
+
+# -- the op table (core/op.h) ------------------------------------------------------------------
+
+def test_op_names_are_unique_and_each_is_the_graph_method_that_adds_the_op():
+    names = _core.op_names()
+    assert len(set(names)) == len(names)
+    assert all(callable(getattr(_core.Graph, name, None)) for name in names)
+
+
+def test_profile_names_the_ops_by_the_op_table():
+    model = TinyModel(n_threads=1)  # every op but input
+    g = _core.Graph(1)
+    g.set_output(g.scale(g.input(8), 2.0))
+    g.plan(2, 2, 4)
+    for graph, inputs in ((model.g, []), (g, [np.ones((2, 8), np.float32)])):
+        graph.set_profiling(True)
+        graph.run(*batch(2), inputs)
+    profiled = {op for graph in (model.g, g) for op, _, _ in graph.profile()}
+    assert profiled == set(_core.op_names())
 
 
 # -- batches: token count and positions are run-time inputs ------------------------------------
