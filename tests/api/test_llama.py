@@ -347,7 +347,7 @@ def test_suffix_without_fim_tokens_is_appended_as_documented(llm):
 
 
 def test_suffix_with_fim_tokens_builds_a_fill_in_the_middle_prompt(tmp_path):
-    from ember.gguf import GGUFValueType, GGUFWriter, open_gguf
+    from ember.gguf import GGUFWriter, open_gguf
 
     source = write_tiny_model(tmp_path / "plain.gguf")
     fim = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]

@@ -81,7 +81,9 @@ def test_the_events_of_one_step_wake_the_loop_once():
         thread = threading.Thread(target=step)
         thread.start()
         thread.join()  # every event is posted before the loop runs again
-        batches = [[batch async for batch in events.batches()] for events in streams]
+        batches = []
+        for events in streams:
+            batches.append([batch async for batch in events.batches()])
         assert wakeups == [1]
         for n, got in enumerate(batches):
             assert got == [[Chunk(f"s{n}", []), Finished("length", {})]]

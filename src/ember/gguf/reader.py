@@ -59,7 +59,7 @@ from ember.gguf.format import (
     is_power_of_two,
 )
 from ember.gguf.arrays import ArrayOfArrays
-from ember.gguf.strings import StringArray, locate_strings, read_string_array
+from ember.gguf.strings import locate_strings, read_string_array
 from ember.gguf.types import ELEMENT_DTYPES, TYPES, GGMLType
 
 INT64_MAX = (1 << 63) - 1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-import sys
 from datetime import datetime
 
 import jinja2
