@@ -317,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", "-np", type=_positive_int, default=4, help="sequence slots")
     p.add_argument("--queue-size", type=_non_negative_int, default=64, help="waiting requests before 503")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    p.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
+                   help="web pages allowed to call the server from a browser: localhost (pages on this machine), "
+                        "* (any), a comma-separated list, or '' (none)")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="the /slots monitoring endpoint")
 
     p = command("bench", "measure prompt processing and generation speed", "ember.cli.bench:cli_bench")
     _add_model(p)

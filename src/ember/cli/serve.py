@@ -22,7 +22,8 @@ def cli_serve(args) -> int:
     app, scheduler = build_server(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
                                   parallel=args.parallel, queue_size=args.queue_size, api_key=args.api_key,
                                   activations=args.activations, n_batch=batch_size(args), use_mmap=args.mmap,
-                                  use_mlock=args.mlock, chat_template=args.chat_template)
+                                  use_mlock=args.mlock, chat_template=args.chat_template,
+                                  cors_origins=args.cors_origins, slots_endpoint=args.slots)
     try:
         model = scheduler.model
         activations = "" if model.activations == "int8" else f", {model.activations} activations"

@@ -1,10 +1,12 @@
-"""The HTTP routes: OpenAI's completions, chat completions and models, llama.cpp's tokenize and
-detokenize, health, Prometheus metrics and the chat page at /.
+"""The HTTP routes: OpenAI's completions, chat completions and models, llama-server's tokenize,
+detokenize, props and slots, health, Prometheus metrics and the chat page at /.
 
 Every error is answered with an OpenAI-style body (see schemas.APIError): 400 for bad input,
 401 for a missing or wrong API key, 404 for unknown routes, 413 for a body over the limit,
 503 with Retry-After when every slot is busy and the queue is full. A client that goes away
-while it sends its request is counted as status 499 and not logged as an error.
+while it sends its request is counted as status 499 and not logged as an error. Every answered
+request is one log line (client, method, path, status, seconds). Browsers on other origins are
+let in as `cors_origins` says (see cors.py).
 
 Chat templates render on threads of their own (each waits on a worker process that renders
 under a time, output and memory budget, see tokenizer/chat_template.py), so requests whose
@@ -32,7 +34,10 @@ from ember.api.openai_format import ResponseFormat
 from ember.api.tool_calls import ToolError
 from ember.engine.constraints import ConstraintError, grammar_from_request
 from ember.engine.sampling import SamplingParams
+from ember.engine.sampling_params import CHAT_TEMPERATURE
+from ember.engine.sampling_params import DEFAULTS as SAMPLING_DEFAULTS
 from ember.errors import ContextFullError, EmberError
+from ember.server.cors import DEFAULT_CORS_ORIGINS, add_cors
 from ember.server.metrics import Metrics
 from ember.server.scheduler import QueueFull, Scheduler
 from ember.server.schemas import (
@@ -46,6 +51,7 @@ from ember.server.schemas import (
 )
 from ember.server.streaming import JobEvents, event_stream, whole_response
 from ember.tokenizer.chat_template import RenderingStopped, stop_rendering
+from ember.version import __version__
 
 log = logging.getLogger("ember.server")
 
@@ -54,11 +60,16 @@ RETRY_AFTER_SECONDS = 1
 TEMPLATE_THREADS = 4  # chat templates rendering at once; more requests wait for one of these
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned
 ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-          "/metrics")
+          "/metrics", "/props", "/slots")
 
 
-def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None) -> FastAPI:
-    """The app serving `llm` (an ember.LLM: its tokenizer, chat template and name) through `scheduler`."""
+def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None,
+               cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True) -> FastAPI:
+    """The app serving `llm` (an ember.LLM: its tokenizer, chat template and name) through `scheduler`.
+
+    cors_origins: "localhost" (default: pages served from this machine), "*" (any page), or a
+    comma-separated list of origins; "" sends no CORS headers. slots_endpoint=False hides /slots.
+    """
     templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="ember-template")
 
     @asynccontextmanager
@@ -71,7 +82,8 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     authorized = [Depends(_api_key_check(api_key))]
     started = int(time.time())
     _add_error_handlers(app)
-    app.add_middleware(_CountRequests, metrics=metrics)
+    add_cors(app, cors_origins)
+    app.add_middleware(_CountRequests, metrics=metrics)  # outermost: preflights are counted and logged too
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def chat_page():
@@ -81,11 +93,43 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     async def health():
         return {"status": "ok"}
 
+    def model_card() -> dict:
+        hp = llm.model.hp
+        return {"id": llm.name, "object": "model", "created": started, "owned_by": "ember",
+                "meta": {"n_ctx": llm.n_ctx, "n_ctx_train": hp.n_ctx_train, "n_vocab": llm.n_vocab,
+                         "n_embd": hp.n_embd, "n_slots": len(scheduler.slots)}}
+
     @app.get("/v1/models", dependencies=authorized)
     async def models():
-        return {"object": "list", "data": [{
-            "id": llm.name, "object": "model", "created": started, "owned_by": "ember",
-            "meta": {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "n_slots": len(scheduler.slots)}}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=authorized)
+    async def model(model_id: str):
+        if model_id != llm.name:
+            raise APIError(404, f"the model '{model_id}' does not exist: this server serves '{llm.name}'",
+                           param="model", code="model_not_found")
+        return model_card()
+
+    @app.get("/props", dependencies=authorized)
+    async def props():
+        template = await asyncio.get_running_loop().run_in_executor(templates, lambda: llm.chat_template)
+        tokenizer = llm.tokenizer
+        return {"default_generation_settings": {"n_ctx": llm.n_ctx, "params": default_generation_settings()},
+                "total_slots": len(scheduler.slots), "model_alias": llm.name,
+                "model_path": str(llm.model.gguf.path),
+                "modalities": {"vision": False, "audio": False, "video": False},
+                "endpoint_slots": slots_endpoint, "endpoint_props": False, "endpoint_metrics": True,
+                "chat_template": template.source,
+                "bos_token": _token_text(tokenizer, tokenizer.bos_id),
+                "eos_token": _token_text(tokenizer, tokenizer.eos_id),
+                "build_info": f"ember {__version__}"}
+
+    @app.get("/slots", dependencies=authorized)
+    async def slots():
+        if not slots_endpoint:
+            raise APIError(501, "the slots endpoint is off (ember serve --slots turns it on)",
+                           kind="not_supported_error", code="not_supported")
+        return scheduler.slot_states()
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(request: Request):
@@ -133,6 +177,22 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def default_generation_settings() -> dict:
+    """The sampling a request gets when it names nothing, under llama-server's names."""
+    return {"temperature": SAMPLING_DEFAULTS.temperature, "chat_temperature": CHAT_TEMPERATURE,
+            "top_k": SAMPLING_DEFAULTS.top_k, "top_p": SAMPLING_DEFAULTS.top_p, "min_p": SAMPLING_DEFAULTS.min_p,
+            "typical_p": SAMPLING_DEFAULTS.typical_p, "repeat_penalty": SAMPLING_DEFAULTS.repeat_penalty,
+            "repeat_last_n": SAMPLING_DEFAULTS.repeat_last_n,
+            "frequency_penalty": SAMPLING_DEFAULTS.frequency_penalty,
+            "presence_penalty": SAMPLING_DEFAULTS.presence_penalty, "mirostat": SAMPLING_DEFAULTS.mirostat_mode,
+            "mirostat_tau": SAMPLING_DEFAULTS.mirostat_tau, "mirostat_eta": SAMPLING_DEFAULTS.mirostat_eta,
+            "n_predict": CompletionRequest.DEFAULT_MAX_TOKENS, "seed": -1}
+
+
+def _token_text(tokenizer, token_id: int | None) -> str:
+    return "" if token_id is None else tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
 def _constraint(body):
@@ -253,7 +313,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 class _CountRequests:
-    """ASGI middleware counting answered requests by route and status."""
+    """ASGI middleware counting answered requests by route and status, and logging each one
+    when its answer has been sent (a stream: at its end)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app = app
@@ -263,10 +324,18 @@ class _CountRequests:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         route = scope["path"] if scope["path"] in ROUTES else "other"
+        start, status = time.perf_counter(), None
 
         async def counting_send(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                self.metrics.on_request(route, message["status"])
+                status = message["status"]
+                self.metrics.on_request(route, status)
             await send(message)
 
-        await self.app(scope, receive, send=counting_send)
+        try:
+            await self.app(scope, receive, send=counting_send)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            log.info('%s "%s %s" %s %.3fs', client[0], scope["method"], scope["path"],
+                     status if status is not None else CLIENT_CLOSED, time.perf_counter() - start)

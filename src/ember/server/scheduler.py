@@ -128,6 +128,26 @@ class Scheduler:
                 self._waiting.remove(job)
             self._cond.notify()
 
+    def slot_states(self) -> list[dict]:
+        """What each sequence slot holds and does, in llama-server's /slots shape."""
+        with self._cond:
+            by_slot = {id(job.slot): job for job in self._running if job.slot is not None}
+            states = []
+            for slot in self.slots:
+                state = {"id": slot.seq, "n_ctx": self.model.n_ctx, "speculative": False,
+                         "is_processing": id(slot) in by_slot, "n_cached": len(slot.tokens)}
+                job = by_slot.get(id(slot))
+                if job is not None:
+                    n_decoded = len(job.reply.tokens)
+                    limit = job.reply.max_tokens
+                    state.update({
+                        "n_prompt_tokens": len(job.prompt), "n_prompt_tokens_processed": job.n_evaluated,
+                        "next_token": [{"has_next_token": not job.done,
+                                        "n_remain": -1 if limit is None else max(0, limit - n_decoded),
+                                        "n_decoded": n_decoded}]})
+                states.append(state)
+            return states
+
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
