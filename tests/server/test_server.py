@@ -298,6 +298,38 @@ def test_max_tokens_zero_generates_nothing(client):
     assert result.usage.completion_tokens == 0
 
 
+# -- reasoning (api/reasoning.py) -----------------------------------------------------------------
+
+# smollm2 is no reasoning model: a regex makes its reply one that thinks first
+THINKING = {"regex": "<think>[a-z ]{4,24}</think>[A-Za-z ]{4,24}"}
+
+
+def test_reasoning_comes_back_as_reasoning_content(client):
+    kwargs = {"model": MODEL, "messages": QUESTION, "max_tokens": 64, "temperature": 0}
+    raw = client.chat.completions.create(**kwargs, extra_body={**THINKING, "reasoning_format": "none"})
+    split = client.chat.completions.create(**kwargs, extra_body=THINKING)
+    text = raw.choices[0].message.content
+    thoughts, answer = text.removeprefix("<think>").split("</think>")
+    assert split.choices[0].message.reasoning_content == thoughts.strip()
+    assert split.choices[0].message.content == answer.lstrip()
+    assert split.usage == raw.usage
+
+
+def test_streamed_reasoning_arrives_as_reasoning_content_deltas(client):
+    kwargs = {"model": MODEL, "messages": QUESTION, "max_tokens": 64, "temperature": 0, "extra_body": THINKING}
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    thoughts = [getattr(d, "reasoning_content", None) or "" for d in deltas]
+    assert "".join(thoughts) == whole.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == whole.content
+    assert len([t for t in thoughts if t]) > 1
+
+
+def test_an_unknown_reasoning_format_gets_400(server):
+    body = {"messages": QUESTION, "reasoning_format": "hidden"}
+    assert_openai_error(httpx.post(f"{server}/v1/chat/completions", json=body), 400, "reasoning_format")
+
+
 # -- tokenize, detokenize, metrics --------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from ember.api.openai_format import ResponseFormat, usage
+from ember.api.reasoning import check_format, prompt_opens_thoughts
 from ember.api.tool_calls import ChatTools, ToolError, ToolRequest, ToolStyle, tool_style
 from ember.engine.constraints import Grammar, grammar_from_request
 from ember.engine.generate import Generation, SequenceCache, SequenceState
@@ -36,11 +37,13 @@ Message = Mapping[str, object]
 
 @dataclass
 class ChatPrompt:
-    """A chat request made ready: its prompt ids, the constraint of the reply, and its tools."""
+    """A chat request made ready: its prompt ids, the constraint of the reply, its tools, and
+    whether the prompt ends inside the model's thoughts (`<think>`, api/reasoning.py)."""
 
     tokens: list[int]
     grammar: Grammar | None
     tools: ChatTools | None
+    thinking: bool = False
 
 
 class LLM:
@@ -151,8 +154,9 @@ class LLM:
             raise ToolError(f"{what} cannot be combined with response_format or another constraint "
                             f"for this model (its replies to tools are constrained already)", "tool_choice")
         extra = {"tools": template_tools} if template_tools else {}
-        tokens = self.chat_tokens(prompt_messages, **extra)
-        return ChatPrompt(tokens, tool_grammar or grammar, ChatTools(style, request) if request else None)
+        text = self.chat_template.render(prompt_messages, add_generation_prompt=True, **extra)
+        return ChatPrompt(self.prompt_tokens(text), tool_grammar or grammar,
+                          ChatTools(style, request) if request else None, prompt_opens_thoughts(text))
 
     # -- evaluation --------------------------------------------------------------------------
 
@@ -280,7 +284,8 @@ class LLM:
                                grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
                                regex: str | None = None, choice: Sequence[str] | None = None,
                                tools: Sequence[dict] | None = None, tool_choice=None,
-                               parallel_tool_calls: bool | None = None, **sampling) -> dict | Iterator[dict]:
+                               parallel_tool_calls: bool | None = None, reasoning_format: str = "auto",
+                               **sampling) -> dict | Iterator[dict]:
         """A chat reply as OpenAI's /v1/chat/completions returns it (`choices[0].message`, `usage`).
 
         response_format: OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
@@ -289,8 +294,13 @@ class LLM:
         tool_choice "auto" (default), "none", "required" or {"type": "function", "function":
         {"name": ...}}; parallel_tool_calls (default true). Calls come back as
         `message.tool_calls` with finish_reason "tool_calls"; with "required" or a name they are
-        constrained to the functions' parameter schemas. More sampling options: as create_completion.
+        constrained to the functions' parameter schemas. reasoning_format "auto" (default) or
+        "deepseek": a reasoning model's thoughts (`<think>...</think>`) come back as
+        `message.reasoning_content` (streamed as `reasoning_content` deltas), apart from the
+        answer in `content`; "none": the reply as the model wrote it, all in `content`. More
+        sampling options: as create_completion.
         """
+        check_format(reasoning_format)
         constraint = grammar_from_request(grammar, json_schema, regex, choice, response_format)
         prompt = self.chat_prompt(messages, tools, tool_choice, parallel_tool_calls, constraint)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -300,7 +310,9 @@ class LLM:
         n_logprobs = (top_logprobs or 0) if logprobs else None
         generation = self.generation(prompt.tokens, params, max_tokens=max_tokens, stop=stop, logprobs=n_logprobs,
                                      keep_special=prompt.tools is not None)
-        response = ResponseFormat(True, self.name, self.tokenizer, logprobs=bool(logprobs), tools=prompt.tools)
+        thinking = None if reasoning_format == "none" else prompt.thinking
+        response = ResponseFormat(True, self.name, self.tokenizer, logprobs=bool(logprobs), tools=prompt.tools,
+                                  thinking=thinking)
         return _respond(generation, response, stream)
 
     # -- lifetime ----------------------------------------------------------------------------

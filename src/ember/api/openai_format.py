@@ -17,6 +17,9 @@ build their responses here, so both speak the same format:
   null, and finish_reason is "tool_calls"; a stream sends the text outside calls as content
   deltas as it comes and each call, once complete, as a `tool_calls` delta ({"index", "id",
   "type", "function": {"name", "arguments"}}).
+- with reasoning (`thinking` not None, api/reasoning.py): the thoughts go to
+  `message.reasoning_content` (in a stream, `reasoning_content` deltas), the answer to `content`
+  (and tool calls are read from the answer alone).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 import uuid
 from typing import Iterable
 
+from ember.api.reasoning import ReasoningSplitter, split_reasoning
 from ember.api.tool_calls import ChatTools, ToolCall
 from ember.engine.generate import Chunk, TokenLogprob
 
@@ -35,14 +39,20 @@ def usage(n_prompt: int, n_generated: int) -> dict:
 
 
 class ResponseFormat:
-    """The shapes of one response (chat or text completion) of the model named `model`."""
+    """The shapes of one response (chat or text completion) of the model named `model`.
 
-    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False, tools: ChatTools | None = None):
+    thinking: None leaves the reply whole; False or True separates a chat reply's reasoning, True
+    where the prompt ended inside the thoughts (`reasoning.prompt_opens_thoughts`)."""
+
+    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False, tools: ChatTools | None = None,
+                 thinking: bool | None = None):
         self.chat = chat
         self.tokenizer = tokenizer
         self.logprobs = logprobs
         self.tools = tools
+        self.thinking = thinking if chat else None
         self._tool_stream = tools.stream() if tools is not None else None
+        self._reasoning = ReasoningSplitter(thinking) if self.thinking is not None else None
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
@@ -51,7 +61,12 @@ class ResponseFormat:
     def whole(self, text: str, entries: list[TokenLogprob], finish_reason: str | None, usage: dict) -> dict:
         logprobs = self._logprobs(entries) if self.logprobs else None
         if self.chat:
+            reasoning = None
+            if self.thinking is not None:
+                reasoning, text = split_reasoning(text, self.thinking)
             message: dict = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             if self.tools is not None:
                 message["content"], calls = self.tools.parse(text)
                 if calls:
@@ -72,20 +87,25 @@ class ResponseFormat:
 
     def chunk(self, chunk: Chunk) -> dict | None:
         """The stream chunk of a piece of generated text (None when it holds nothing)."""
+        reasoning = ""
+        if self._reasoning is not None:
+            reasoning, text = self._reasoning.feed(chunk.text)
+            chunk = Chunk(text, chunk.logprobs)
         if self._tool_stream is not None:
             chunk = Chunk(self._tool_stream.feed(chunk.text), chunk.logprobs)
-        if not chunk.text and not chunk.logprobs:
+        if not chunk.text and not reasoning and not chunk.logprobs:
             return None
         logprobs = self._logprobs(chunk.logprobs) if self.logprobs else None
         if self.chat:
-            return self._chunk({"index": 0, "delta": {"content": chunk.text}, "logprobs": logprobs,
+            return self._chunk({"index": 0, "delta": _delta(reasoning, chunk.text), "logprobs": logprobs,
                                 "finish_reason": None})
         return self._chunk({"text": chunk.text, "index": 0, "logprobs": logprobs, "finish_reason": None})
 
     def chunk_json(self, chunk: Chunk) -> str | None:
         """`chunk(chunk)` as JSON (ensure_ascii off). Without logprobs only the text differs from
         chunk to chunk, so it is written into a template of the rest."""
-        if self.logprobs or self._tool_stream is not None or (not chunk.text and not chunk.logprobs):
+        if (self.logprobs or self._tool_stream is not None or self._reasoning is not None
+                or (not chunk.text and not chunk.logprobs)):
             shaped = self.chunk(chunk)
             return None if shaped is None else json.dumps(shaped, ensure_ascii=False)
         if self._text_template is None:
@@ -101,12 +121,18 @@ class ResponseFormat:
         """The chunks a stream ends with: held-back text and tool calls, then the finish_reason."""
         if not self.chat:
             return [self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason})]
-        chunks = []
+        chunks, reasoning, text = [], "", ""
+        if self._reasoning is not None:
+            reasoning, text = self._reasoning.finish()
+        calls: list[ToolCall] = []
         if self._tool_stream is not None:
-            text, calls = self._tool_stream.finish()
-            if text:
-                chunks.append(self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None,
-                                           "finish_reason": None}))
+            text = self._tool_stream.feed(text)
+            held, calls = self._tool_stream.finish()
+            text += held
+        if reasoning or text:
+            chunks.append(self._chunk({"index": 0, "delta": _delta(reasoning, text), "logprobs": None,
+                                       "finish_reason": None}))
+        if self._tool_stream is not None:
             chunks += [self._tool_call_chunk(index, call) for index, call in enumerate(calls)]
             if calls:
                 finish_reason = _tool_finish(finish_reason)
@@ -161,6 +187,13 @@ class ResponseFormat:
 
         return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                             for e in entries]}
+
+
+def _delta(reasoning: str, content: str) -> dict:
+    """A chat delta of reasoning and answer text (a piece may close the thoughts and begin the answer)."""
+    if not reasoning:
+        return {"content": content}
+    return {"reasoning_content": reasoning, "content": content} if content else {"reasoning_content": reasoning}
 
 
 def _tool_finish(finish_reason: str | None) -> str | None:

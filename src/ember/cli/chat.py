@@ -4,7 +4,8 @@ Replies stream as they are generated; the history is kept (and its KV cache reus
 to turn. When the history no longer fits in the context, the oldest turns are dropped, with a
 notice. Commands: /clear forgets the conversation, /exit (or Ctrl-D) leaves; Ctrl-C stops the
 current reply. With a pipe on stdin, each line is one message and each reply one paragraph of
-stdout.
+stdout. A reasoning model's thoughts (`<think>...</think>`, api/reasoning.py) are shown dimmed
+on a terminal and left out of piped output; only the answer joins the history.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ from __future__ import annotations
 import sys
 from typing import Callable, Iterator, TextIO
 
+from ember.api.reasoning import ReasoningSplitter, check_format
 from ember.engine.sampling import SamplingParams
 from ember.errors import ContextFullError
 
 EXIT_COMMANDS = ("/exit", "/quit", "/bye")
 HELP = "/clear forgets the conversation, /exit or Ctrl-D leaves, Ctrl-C stops a reply"
+DIM, NORMAL = "\x1b[2m", "\x1b[0m"
+
+
+class Thought(str):
+    """A piece of a reply that is the model's reasoning, not its answer."""
 
 
 class ChatSession:
@@ -25,12 +32,15 @@ class ChatSession:
     max_tokens: the most tokens of one reply (None: until the model stops or the context fills);
     that much room (at most half the context) is kept free for the reply when old turns are dropped.
     notice: where to say that turns were dropped. stop: strings that end a reply (-r, --stop).
+    reasoning_format: "auto" / "deepseek" yield a reasoning model's thoughts as `Thought` pieces,
+    "none" yields the reply as the model wrote it.
     """
 
     def __init__(self, llm, system: str | None = None, params: SamplingParams | None = None,
                  max_tokens: int | None = None, notice: Callable[[str], None] = lambda text: None,
-                 stop: list[str] | None = None):
+                 stop: list[str] | None = None, reasoning_format: str = "auto"):
         self.llm = llm
+        self.reasoning_format = check_format(reasoning_format)
         self.system = system
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
@@ -48,30 +58,46 @@ class ChatSession:
         return self.messages[1:] if self.system is not None else list(self.messages)
 
     def reply(self, text: str) -> Iterator[str]:
-        """Stream the reply to a user message; the reply (as far as it got) joins the history."""
+        """Stream the reply to a user message (thoughts as `Thought` pieces); the answer (as far as
+        it got) joins the history."""
         self.messages.append({"role": "user", "content": text})
         try:
-            tokens = self._fitted_prompt()
+            tokens, thinking = self._fitted_prompt()
         except ContextFullError:
             self.messages.pop()
             raise
         generation = self.llm.generation(tokens, self.params, max_tokens=self.max_tokens, stop=self.stop)
-        pieces = []
+        splitter = ReasoningSplitter(thinking) if self.reasoning_format != "none" else None
+        thoughts, answer = [], []
+
+        def pieces(reasoning: str, content: str) -> Iterator[str]:
+            if reasoning:
+                thoughts.append(reasoning)
+                yield Thought(reasoning)
+            if content:
+                answer.append(content)
+                yield content
+
         try:
             for chunk in generation:
                 if chunk.text:
-                    pieces.append(chunk.text)
-                    yield chunk.text
+                    yield from pieces(*(splitter.feed(chunk.text) if splitter else ("", chunk.text)))
+            if splitter:
+                yield from pieces(*splitter.finish())
         finally:
-            self.messages.append({"role": "assistant", "content": "".join(pieces)})
+            message = {"role": "assistant", "content": "".join(answer)}
+            if thoughts:
+                message["reasoning_content"] = "".join(thoughts)
+            self.messages.append(message)
 
-    def _fitted_prompt(self) -> list[int]:
+    def _fitted_prompt(self) -> tuple[list[int], bool]:
         """The prompt for the history, dropping the oldest turns until it leaves room for a reply."""
         n_ctx = self.llm.n_ctx
         room = min(self.max_tokens if self.max_tokens is not None else n_ctx // 4, n_ctx // 2)
         n_dropped = 0
         while True:
-            tokens = self.llm.chat_tokens(self.messages)
+            prompt = self.llm.chat_prompt(self.messages)
+            tokens = prompt.tokens
             if len(tokens) + room <= n_ctx or not self._drop_oldest_turn():
                 break
             n_dropped += 1
@@ -81,7 +107,7 @@ class ChatSession:
             raise ContextFullError(
                 f"this message needs {len(tokens)} tokens with the system message, but the context holds"
                 f" {n_ctx}: send a shorter one or start ember chat with a larger -c")
-        return tokens
+        return tokens, prompt.thinking
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the oldest user message and the reply to it; False when only the new message is left."""
@@ -149,8 +175,15 @@ def _read_message(stdin: TextIO, stdout: TextIO, interactive: bool) -> str | Non
 
 def _stream_reply(session: ChatSession, text: str, stdout: TextIO, stderr: TextIO) -> None:
     pieces = session.reply(text)
+    terminal = stdout.isatty()
+    thinking = False  # dim text is being written
     try:
         for piece in pieces:
+            if isinstance(piece, Thought) and not terminal:
+                continue  # piped output: the answer only
+            if terminal and isinstance(piece, Thought) != thinking:
+                thinking = not thinking
+                stdout.write(DIM if thinking else NORMAL + "\n")
             stdout.write(piece)
             stdout.flush()
     except KeyboardInterrupt:
@@ -160,6 +193,9 @@ def _stream_reply(session: ChatSession, text: str, stdout: TextIO, stderr: TextI
     except ContextFullError as exc:
         print(f"ember: {exc}", file=stderr, flush=True)
         return
+    finally:
+        if thinking:
+            stdout.write(NORMAL)
     stdout.write("\n")
     stdout.flush()
 
@@ -178,5 +214,5 @@ def cli_chat(args) -> int:
     llm, _ = load_llm(args)
     session = ChatSession(llm, system=args.system, params=for_model(params, args, llm.tokenizer),
                           max_tokens=args.n_predict, notice=lambda text: print(text, file=sys.stderr, flush=True),
-                          stop=args.stop)
+                          stop=args.stop, reasoning_format=args.reasoning_format)
     return repl(session)

@@ -307,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     p.add_argument("--system", default=None, help="system message")
     _add_chat_template(p)
+    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+                   help="a reasoning model's <think> part: dimmed apart from the answer (auto, deepseek) or as written")
 
     p = command("serve", "OpenAI-compatible HTTP server", "ember.cli.serve:cli_serve")
     _add_model(p)

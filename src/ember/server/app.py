@@ -150,7 +150,9 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
                 templates, llm.chat_prompt, messages, body.tools, body.tool_choice, body.parallel_tool_calls, grammar)
         except ToolError as error:
             raise APIError(400, str(error), param=error.param) from None
-        response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs, tools=prompt.tools)
+        thinking = None if body.reasoning_format == "none" else prompt.thinking
+        response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs, tools=prompt.tools,
+                                  thinking=thinking)
         return await _generate(request, scheduler, prompt.tokens, body, response, prompt.grammar,
                                keep_special=prompt.tools is not None)
 

@@ -8,7 +8,7 @@ is refused with 400 and `{"error": {"message", "type": "invalid_request_error", 
 
 Constraints (engine/constraints.py): OpenAI's `response_format`, llama.cpp's `grammar` (GBNF)
 and `json_schema`, and `regex` / `choice`; chat requests also take `tools`, `tool_choice` and
-`parallel_tool_calls` (api/tool_calls.py).
+`parallel_tool_calls` (api/tool_calls.py), and `reasoning_format` (api/reasoning.py).
 
 Defaults are the Python API's (`LLM.create_completion`, `LLM.create_chat_completion`):
 a completion stops after 16 tokens unless max_tokens says otherwise, a chat reply runs to
@@ -189,9 +189,12 @@ class Message(_Request):
     tool_calls: list[ToolCallMessage] | None = None  # an assistant's past calls
     tool_call_id: StrictStr | None = None  # a tool result: the call it answers
     refusal: None = None  # sent back by clients as the response had it
+    reasoning_content: StrictStr | None = None  # an assistant's past thoughts, as the response had them
 
     def plain(self) -> dict:
         message = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:
@@ -209,6 +212,7 @@ class ChatRequest(Sampling):
     tools: list[dict[StrictStr, Any]] | None = None
     tool_choice: StrictStr | dict[StrictStr, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"  # llama-server's (api/reasoning.py)
 
     DEFAULT_TEMPERATURE: ClassVar[float] = CHAT_TEMPERATURE
 
