@@ -156,6 +156,49 @@ class PyGraph {
     p.softcap = softcap;
     return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, p);
   }
+  // Routing (models/moe.py) and the expert matmul (ops/routing.cpp, ops/matmul_id.cpp).
+  int32_t top_k(int32_t scores, int32_t k, int32_t n_groups, int32_t groups_used, int32_t group_score) {
+    const Tensor& t = plain_rows(scores, "top_k");
+    const int64_t E = t.ne0;
+    if (k < 1 || k > E) throw std::invalid_argument("top_k: k must be between 1 and the number of columns");
+    if (n_groups > 1) {
+      if (E % n_groups) throw std::invalid_argument("top_k: the groups do not divide the columns");
+      if (groups_used < 1 || groups_used > n_groups) throw std::invalid_argument("top_k: bad number of groups used");
+      if (k > int64_t(groups_used) * (E / n_groups)) throw std::invalid_argument("top_k: k is more than the groups used hold");
+    } else if (n_groups < 0) {
+      throw std::invalid_argument("top_k: bad number of groups");
+    }
+    if (group_score != 0 && group_score != 1) throw std::invalid_argument("top_k: group_score is 0 (top-2 sum) or 1 (max)");
+    return graph_.add_node(Op::TopK, k, t.ne1, {scores}, TopKParams{k, n_groups, groups_used, group_score});
+  }
+  int32_t take(int32_t a, int32_t ids) {
+    const Tensor &ta = plain_rows(a, "take"), &ti = plain_rows(ids, "take");
+    if (ta.ne1 != ti.ne1) throw std::invalid_argument("take: row counts differ");
+    return graph_.add_node(Op::Take, ti.ne0, ta.ne1, {a, ids});
+  }
+  int32_t sum_normalize(int32_t x, float min_sum) {
+    const Tensor& t = plain_rows(x, "sum_normalize");
+    if (!(min_sum > 0.0f)) throw std::invalid_argument("sum_normalize: min_sum must be > 0");
+    return graph_.add_node(Op::SumNormalize, t.ne0, t.ne1, {x}, SumNormalizeParams{min_sum});
+  }
+  int32_t weighted_sum(int32_t x, int32_t weights) {
+    const Tensor &tw = plain_rows(weights, "weighted_sum"), &tx = f32_operand(x);
+    if (tx.ne1 != tw.ne1 || tx.row_split != tw.ne0 || tx.h_major)
+      throw std::invalid_argument("weighted_sum: x must have one row per weight of each of weights' rows");
+    return graph_.add_node(Op::WeightedSum, tx.ne0, tw.ne1, {x, weights});
+  }
+  int32_t matmul_id(int32_t w, int32_t x, int32_t ids, int32_t n_experts) {
+    const Tensor &tw = graph_.tensor(w), &tx = f32_operand(x), &ti = plain_rows(ids, "matmul_id");
+    if (!tw.is_weight) throw std::invalid_argument("matmul_id: first operand must be a weight");
+    if (n_experts < 1 || tw.ne1 % n_experts) throw std::invalid_argument("matmul_id: the experts do not divide the weight's rows");
+    if (tw.ne0 != tx.ne0) throw std::invalid_argument("matmul_id: inner dimensions differ");
+    const int64_t k = ti.ne0;
+    if (tx.ne1 != ti.ne1 || (tx.row_split != 1 && tx.row_split != k) || tx.h_major)
+      throw std::invalid_argument("matmul_id: x must have a row per token or per chosen expert of each token");
+    const int32_t out = graph_.add_node(Op::MatMulId, tw.ne1 / n_experts, ti.ne1, {w, x, ids}, MatMulIdParams{n_experts});
+    graph_.split_rows(out, k);
+    return out;
+  }
   int32_t select_outputs(int32_t x) {
     const Tensor& t = token_rows(x);
     return graph_.add_node(Op::SelectOutputs, t.ne0, kRowsOutputs, {x});
@@ -242,7 +285,7 @@ class PyGraph {
     for (size_t i = 0; i < graph_.nodes().size() && i < times.size(); ++i) {
       const Node& n = graph_.nodes()[i];
       std::string type;
-      if (n.op == Op::MatMul || n.op == Op::GetRows) type = type_traits(graph_.tensor(n.src[0]).type).name;
+      if (n.op == Op::MatMul || n.op == Op::MatMulId || n.op == Op::GetRows) type = type_traits(graph_.tensor(n.src[0]).type).name;
       out.append(nb::make_tuple(op_name(n.op), type, times[i]));
     }
     return out;
@@ -276,6 +319,12 @@ class PyGraph {
     if (t.row_split != 1) throw std::invalid_argument("this op needs one row per token (reshape the rows back)");
     if (t.ne1 != kRowsTokens)
       throw std::invalid_argument("expected the batch's token rows (not output rows or a weight)");
+    return t;
+  }
+  // An F32 activation of one row per base row (not reshaped).
+  const Tensor& plain_rows(int32_t id, const char* op) const {
+    const Tensor& t = f32_operand(id);
+    if (t.row_split != 1) throw std::invalid_argument(std::string(op) + ": expected one row per token (reshape the rows back)");
     return t;
   }
   void check_vector(int32_t w, int64_t width) const {
@@ -481,6 +530,13 @@ NB_MODULE(_core, m) {
       .def(op_name(Op::Scale), [](PyGraph& g, int32_t a, float s) { return g.unary(Op::Scale, a, ScaleParams{s}); })
       .def(op_name(Op::Silu), [](PyGraph& g, int32_t a) { return g.unary(Op::Silu, a); })
       .def(op_name(Op::Gelu), [](PyGraph& g, int32_t a) { return g.unary(Op::Gelu, a); })
+      .def(op_name(Op::Sigmoid), [](PyGraph& g, int32_t a) { return g.unary(Op::Sigmoid, a); })
+      .def(op_name(Op::Softmax), [](PyGraph& g, int32_t a) { return g.unary(Op::Softmax, a); })
+      .def(op_name(Op::TopK), &PyGraph::top_k, "scores"_a, "k"_a, "n_groups"_a = 0, "groups_used"_a = 0, "group_score"_a = 0)
+      .def(op_name(Op::Take), &PyGraph::take, "x"_a, "ids"_a)
+      .def(op_name(Op::SumNormalize), &PyGraph::sum_normalize, "x"_a, "min_sum"_a = 6.103515625e-5f)
+      .def(op_name(Op::WeightedSum), &PyGraph::weighted_sum, "x"_a, "weights"_a)
+      .def(op_name(Op::MatMulId), &PyGraph::matmul_id, "weight"_a, "x"_a, "ids"_a, "n_experts"_a)
       .def(op_name(Op::Softcap), [](PyGraph& g, int32_t a, float cap) {
         if (!(cap > 0.0f)) throw std::invalid_argument("softcap must be > 0");
         return g.unary(Op::Softcap, a, SoftcapParams{cap});

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "core/alloc_counter.h"
+#include "ops/matmul_id.h"
 
 namespace ember {
 
@@ -150,6 +151,13 @@ void Graph::copy_row_layout(int32_t out, int32_t like) {
   t.base_stride = t.row_stride * static_cast<size_t>(t.row_split);
 }
 
+void Graph::split_rows(int32_t out, int64_t k) {
+  Tensor& t = tensors_.at(out);
+  t.row_split = k;
+  t.h_major = t.h_major_memory = false;
+  t.base_stride = t.row_stride * static_cast<size_t>(k);
+}
+
 void ZeroPagesDeleter::operator()(uint8_t* p) const {
   if (p != nullptr) munmap(p, size);
 }
@@ -178,6 +186,17 @@ size_t Graph::node_work_size(const Node& n) const {
       const size_t n_panels = (static_cast<size_t>(max_rows(x)) + kPanelTokens - 1) / kPanelTokens;
       return rows + n_panels * panel_bytes(w.ne0);
     }
+    case Op::MatMulId: {
+      const Tensor &w = tensors_[n.src[0]], &ids = tensors_[n.src[2]];
+      const bool deq = dequantizes(w.type);
+      const TypeKernels& tk = kernels_->of(w.type);
+      const int64_t n_experts = n.as<MatMulIdParams>().n_experts;
+      return expert_work(n_experts, max_rows(ids) * ids.ne0, w.ne0, w.ne1 / n_experts, deq ? GGMLType::F32 : tk.vec_dot_type,
+                         tk.gemm_panel && !deq, deq, pool_.size()).size;
+    }
+    case Op::TopK:
+      // Per thread: the scores of one row and of its expert groups (ops/routing.cpp).
+      return static_cast<size_t>(pool_.size()) * align_up(2 * tensors_[n.src[0]].ne0 * sizeof(float));
     case Op::Attention:
       // Per thread: scores over the context and an output accumulator, for up to 4 query heads
       // that share a KV head (kMaxHeads in ops/attention.cpp).

@@ -129,6 +129,8 @@ class Graph {
   int32_t add_permute(int32_t src);
   // Gives a new op output the logical row layout of the tensor it is computed row by row from.
   void copy_row_layout(int32_t out, int32_t like);
+  // Gives a new op output k dense rows per base row (t-major): the expert matmul's slots.
+  void split_rows(int32_t out, int64_t k);
   void set_output(int32_t tensor) { output_ = tensor; }
 
   // Places activations in the arena for batches of up to max_tokens tokens and max_outputs
@@ -158,6 +160,8 @@ class Graph {
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_seq() const { return n_seq_; }
   int64_t n_inputs() const { return n_inputs_; }
+  // Rows of a tensor in the largest planned batch.
+  int64_t max_rows(const Tensor& t) const;
   KVCache& kv(int32_t layer) { return kv_.at(layer); }
   int32_t n_kv_layers() const { return static_cast<int32_t>(kv_.size()); }
   // Copies cached positions [0, n) of sequence src to sequence dst in every layer.
@@ -175,7 +179,6 @@ class Graph {
   void set_kernels(const KernelTable* k) { kernels_ = k; }
 
  private:
-  int64_t max_rows(const Tensor& t) const;
   size_t max_bytes(const Tensor& t) const;
   size_t node_work_size(const Node& n) const;
   static void run_task(void* arg, int ith, int nth);

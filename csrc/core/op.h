@@ -27,7 +27,14 @@ namespace ember {
   X(GeGLU, "geglu", NoParams)                       \
   X(Attention, "attention", AttentionParams)        \
   X(SelectOutputs, "select_outputs", NoParams)      \
-  X(Softcap, "softcap", SoftcapParams)
+  X(Softcap, "softcap", SoftcapParams)              \
+  X(Sigmoid, "sigmoid", NoParams)                   \
+  X(Softmax, "softmax", NoParams)                   \
+  X(TopK, "top_k", TopKParams)                      \
+  X(Take, "take", NoParams)                         \
+  X(SumNormalize, "sum_normalize", SumNormalizeParams) \
+  X(WeightedSum, "weighted_sum", NoParams)          \
+  X(MatMulId, "matmul_id", MatMulIdParams)
 
 struct NoParams {};
 
@@ -71,6 +78,25 @@ struct AttentionParams {
   int32_t kv_layer = -1;     // the KV cache this node writes and reads (set by Graph::add_node)
 };
 
+// The k largest columns of each row (expert ids, largest first); with n_groups > 1, only among
+// the columns of the groups_used best of n_groups equal groups, a group scored by the sum of its
+// two largest values (group_score 0) or its largest (1).
+struct TopKParams {
+  int32_t k = 1;
+  int32_t n_groups = 0, groups_used = 0;
+  int32_t group_score = 0;
+};
+
+// y = x / max(sum x, min_sum)
+struct SumNormalizeParams {
+  float min_sum = 0.0f;
+};
+
+// The weight stacks n_experts matrices of equal rows.
+struct MatMulIdParams {
+  int32_t n_experts = 1;
+};
+
 #define EMBER_OP_ENUM_(name, str, params) name,
 enum class Op : int32_t { EMBER_OPS(EMBER_OP_ENUM_) Count };
 #undef EMBER_OP_ENUM_
@@ -86,7 +112,7 @@ constexpr const char* op_name(Op op) { return kOpNames[static_cast<int>(op)]; }
 
 // Every distinct parameters struct, once; a Node holds one of them.
 using NodeParams = std::variant<NoParams, InputParams, GetRowsParams, ScaleParams, SoftcapParams, NormParams,
-                                RopeParams, AttentionParams>;
+                                RopeParams, AttentionParams, TopKParams, SumNormalizeParams, MatMulIdParams>;
 
 template <typename T, typename... Ts>
 constexpr size_t index_in(const std::variant<Ts...>*) {

@@ -1,5 +1,5 @@
-// Row-parallel element-wise ops: add, mul, scale, activations, gated units, soft-capping, and
-// the copy-in of external inputs and the gather of output rows.
+// Row-parallel element-wise ops: add, mul, scale, activations (SiLU, GELU, sigmoid), gated
+// units, soft-capping, and the copy-in of external inputs and the gather of output rows.
 #include <cstring>
 
 #include "core/mathfn.h"
@@ -57,6 +57,14 @@ void op_silu(const Node& n, ExecContext& ctx, int ith, int nth) {
   });
 }
 
+void op_sigmoid(const Node& n, ExecContext& ctx, int ith, int nth) {
+  const Tensor& a = src_tensor(ctx, n, 0);
+  map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
+    const float* x = operand_row(ctx, a, r);
+    for (int64_t c = 0; c < cols; ++c) y[c] = 1.0f / (1.0f + exp_approx(-x[c]));
+  });
+}
+
 void op_gelu(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor& a = src_tensor(ctx, n, 0);
   map_rows(n, ctx, ith, nth, [&](float* y, int64_t r, int64_t cols) {
@@ -109,6 +117,7 @@ void register_elementwise_ops(KernelTable& t) {
   t.ops[static_cast<int>(Op::Scale)] = op_scale;
   t.ops[static_cast<int>(Op::Silu)] = op_silu;
   t.ops[static_cast<int>(Op::Gelu)] = op_gelu;
+  t.ops[static_cast<int>(Op::Sigmoid)] = op_sigmoid;
   t.ops[static_cast<int>(Op::SwiGLU)] = op_swiglu;
   t.ops[static_cast<int>(Op::GeGLU)] = op_geglu;
   t.ops[static_cast<int>(Op::Softcap)] = op_softcap;

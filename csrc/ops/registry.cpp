@@ -10,6 +10,8 @@ void register_rope_ops(KernelTable& t);
 void register_get_rows_ops(KernelTable& t);
 void register_attention_ops(KernelTable& t);
 void register_matmul_ops(KernelTable& t);
+void register_matmul_id_ops(KernelTable& t);
+void register_routing_ops(KernelTable& t);
 
 void register_ops(KernelTable& t) {
   register_elementwise_ops(t);
@@ -18,6 +20,8 @@ void register_ops(KernelTable& t) {
   register_get_rows_ops(t);
   register_attention_ops(t);
   register_matmul_ops(t);
+  register_matmul_id_ops(t);
+  register_routing_ops(t);
 }
 
 void register_kernels(KernelTable& t) {

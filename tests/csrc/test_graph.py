@@ -48,7 +48,8 @@ def random_rows(n_rows, n_cols, seed=0):
 class TinyModel:
     """Two transformer layers over quantized weights, built from every op: a LLaMA-style layer
     (RMSNorm, RoPE, GQA attention, SwiGLU) and a GPT-2/Gemma-style one (LayerNorm, sliding-window
-    attention with soft-capping, GeGLU), then output selection, logits and their soft-cap."""
+    attention with soft-capping, GeGLU, then a mixture of experts), then output selection, logits
+    and their soft-cap."""
 
     N_EMBD, N_HEAD, N_KV_HEAD, HEAD_DIM, N_FF, N_VOCAB = 64, 4, 2, 16, 96, 50
 
@@ -74,6 +75,13 @@ class TinyModel:
             f = g.swiglu(gate, up) if layer == 0 else g.mul(g.gelu(gate), g.scale(up, 0.5))
             f = g.geglu(f, f) if layer == 1 else g.silu(f)
             h = g.add(h, g.matmul(self._weight(GGMLType.F16, self.N_FF, e), f))
+            if layer == 1:  # a mixture of 4 experts, 2 per token, in 2 groups of which 1 is used
+                x = g.rms_norm(h, self._vector(e))
+                scores = g.matmul(self._weight(GGMLType.F32, e, 4), x)
+                ids = g.top_k(g.sigmoid(scores), 2, 2, 1)
+                weights = g.sum_normalize(g.take(g.softmax(scores), ids))
+                f = g.silu(g.matmul_id(self._weight(GGMLType.Q8_0, e, 4 * self.N_FF), x, ids, 4))
+                h = g.add(h, g.weighted_sum(g.matmul_id(self._weight(GGMLType.Q4_0, self.N_FF, 4 * e), f, ids, 4), weights))
         logits = g.matmul(self._weight(GGMLType.Q8_0, e, self.N_VOCAB), g.select_outputs(g.rms_norm(h)))
         g.set_output(g.softcap(logits, 30.0))
         g.plan(max_tokens, max_tokens, n_ctx, n_seq)
