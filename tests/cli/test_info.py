@@ -177,3 +177,20 @@ def test_registry_model_counts_match_the_gguf_reader(capsys):
     assert facts["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
     assert facts["tensor_types"] == dict(Counter(t.tensor_type.name for t in reader.tensors))
     assert facts["vocab_size"] == len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
+def test_features_the_metadata_switches_on_are_named(capsys, tmp_path):
+    w = GGUFWriter(tmp_path / "f.gguf", "llama")
+    for key, value in {"embedding_length": 64, "attention.head_count": 4, "rope.dimension_count": 8,
+                       "rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
+                       "attention.sliding_window": 128}.items():
+        w.add(f"llama.{key}", value)
+    code, out, _ = run(capsys, w.write())
+    lines = {line[:14].strip(): line[15:] for line in out.splitlines()}
+    assert code == 0
+    assert lines["features"] == "partial rotary (8 of 16 dimensions), sliding window 128, RoPE scaling linear x4"
+
+
+def test_a_file_without_features_shows_a_dash(capsys, tiny_model):
+    _, out, _ = run(capsys, tiny_model)
+    assert "features       -" in out.splitlines()

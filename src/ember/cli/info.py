@@ -46,6 +46,7 @@ def describe(f: GGUFFile, chat_template: str | None = None) -> dict[str, Any]:
     file holds: a value of an unexpected kind is shown as it is, in short; chat_template: the
     --chat-template given, which decides the chat format reported)."""
     from ember.engine.load import chat_template_source
+    from ember.models import features
 
     field = lambda name: _fact(f.field(name, None)) if isinstance(f.arch, str) else None  # noqa: E731
     heads = field("attention.head_count")
@@ -62,6 +63,7 @@ def describe(f: GGUFFile, chat_template: str | None = None) -> dict[str, Any]:
         "file_size": f.size,
         "gguf_version": f.version,
         "architecture": _fact(f.arch),
+        "features": features(f.metadata),
         "name": _fact(f.get("general.name")),
         "parameters": sum(t.n_elements for t in f.tensors.values()),
         "file_type": file_type_name(int(file_type)) if isinstance(file_type, int) else _fact(file_type),
@@ -108,6 +110,7 @@ def _render_model(m: dict[str, Any]) -> str:
     rows = [
         ("model", f"{m['path']} ({_human_bytes(m['file_size'])}, GGUF v{m['gguf_version']})"),
         ("architecture", m["architecture"]),
+        ("features", ", ".join(m["features"]) or None),
         ("name", m["name"]),
         ("parameters", _human_count(m["parameters"])),
         ("file type", m["file_type"]),

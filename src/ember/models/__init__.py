@@ -5,6 +5,8 @@ Each module (models/<arch>.py, over the shared pieces in blocks.py) has
 - optionally `tensor_shapes(hp) -> {name: shape}`: the shapes its weights must have, where they
   differ from llama.cpp's common ones (validate.standard_shapes, which every weight is checked
   against when the model is opened);
+- optionally `FEATURES` (a tuple of words) and `features(metadata) -> [str]`: what `ember info`
+  names about the architecture and about a file of it (with the shared ones, see `features`);
 - `HF_ARCHITECTURES` and `Converter`: the Hugging Face classes `ember convert` turns into this
   architecture's GGUF, with the tensor names and metadata keys llama.cpp's converter writes
   (shared machinery in hf.py).
@@ -16,6 +18,7 @@ one test (tests/models/test_<arch>.py).
 from __future__ import annotations
 
 import importlib
+import numbers
 
 from ember.errors import EmberError, GGUFError
 from ember.models.validate import standard_shapes
@@ -25,6 +28,7 @@ ARCHITECTURES = {
     "qwen2": "ember.models.qwen2",
     "gemma3": "ember.models.gemma3",
     "gpt2": "ember.models.gpt2",
+    "olmo2": "ember.models.olmo2",
 }
 
 
@@ -55,3 +59,38 @@ def converter_for(hf_architecture: str | None, config: dict):
         supported = ", ".join(sorted(converters))
         raise EmberError(f"cannot convert architecture {hf_architecture!r} (ember converts {supported})")
     return converters[hf_architecture](config)
+
+
+def features(metadata: dict) -> list[str]:
+    """What `ember info` names about a file's architecture: its module's FEATURES and
+    `features(metadata)`, then what the shared keys switch on (partial rotary, sliding window, RoPE
+    scaling, logit soft-capping). Malformed values are left out; an unsupported architecture has none."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        return []
+    module = importlib.import_module(ARCHITECTURES[arch])
+    names = list(getattr(module, "FEATURES", ()))
+    if hasattr(module, "features"):
+        try:
+            names += module.features(metadata)
+        except EmberError:
+            pass
+
+    def number(name: str, kind=numbers.Real):
+        value = metadata.get(f"{arch}.{name}")
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    n_embd, n_head = number("embedding_length", numbers.Integral), number("attention.head_count", numbers.Integral)
+    head_dim = number("attention.key_length", numbers.Integral) or (n_embd // n_head if n_embd and n_head else None)
+    n_rot = number("rope.dimension_count", numbers.Integral)
+    if n_rot and head_dim and n_rot < head_dim:
+        names.append(f"partial rotary ({n_rot} of {head_dim} dimensions)")
+    if number("attention.sliding_window", numbers.Integral):
+        names.append(f"sliding window {number('attention.sliding_window')}")
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    if isinstance(scaling, str) and scaling != "none":
+        factor = number("rope.scaling.factor")
+        names.append(f"RoPE scaling {scaling}" + (f" x{factor:g}" if factor else ""))
+    if number("final_logit_softcapping"):
+        names.append(f"logit soft-cap {number('final_logit_softcapping'):g}")
+    return names
