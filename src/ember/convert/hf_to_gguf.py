@@ -1,5 +1,5 @@
 """`ember convert HF_DIR OUT.gguf --outtype f32|f16|bf16|q8_0`: a Hugging Face safetensors model
-(LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel) to a GGUF file with
+(of a class an architecture in ember.models converts: LlamaForCausalLM, Olmo2ForCausalLM, ...) to a GGUF file with
 the metadata keys and tensor names llama.cpp uses, so ember and llama.cpp both run it.
 
 Tensor types follow llama.cpp's converter: 1-D tensors, norms and GPT-2's position embedding
