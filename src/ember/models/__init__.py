@@ -29,6 +29,7 @@ ARCHITECTURES = {
     "gemma3": "ember.models.gemma3",
     "gpt2": "ember.models.gpt2",
     "olmo2": "ember.models.olmo2",
+    "starcoder2": "ember.models.starcoder2",
 }
 
 
