@@ -30,6 +30,7 @@ ARCHITECTURES = {
     "gpt2": "ember.models.gpt2",
     "olmo2": "ember.models.olmo2",
     "starcoder2": "ember.models.starcoder2",
+    "phi2": "ember.models.phi2",
 }
 
 
