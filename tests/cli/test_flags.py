@@ -158,6 +158,13 @@ def test_a_port_out_of_range_is_one_line():
     assert "--port: must be a port number from 0 to 65535, got 99999" in result.stderr
 
 
+@pytest.mark.parametrize("flag, value", [("--replicas", "2"), ("--max-replicas", "4")])
+def test_replica_flags_without_ray_are_one_line(flag, value):
+    result = ember_cli("serve", flag, value)
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert f"{flag} needs --ray" in result.stderr
+
+
 # -- what they do -------------------------------------------------------------------------------------
 
 def test_reverse_prompt_stops_the_text(hello, capsys):

@@ -65,6 +65,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _unit_float(text: str) -> float:
     value = _float(text)
     if not 0.0 <= value <= 1.0:
@@ -324,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "* (any), a comma-separated list, or '' (none)")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
                    help="the /slots monitoring endpoint")
+    ray = p.add_argument_group("scale-out on Ray Serve (pip install 'ember[ray]'; RAY_ADDRESS names a cluster)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve through Ray Serve's proxy on --host/--port, each replica an ember engine of "
+                          "-t threads (default 1) and --parallel slots, on the cluster at RAY_ADDRESS or a local one")
+    ray.add_argument("--replicas", type=_positive_int, default=None, help="replicas (default 1)")
+    ray.add_argument("--min-replicas", type=_non_negative_int, default=None, help="autoscale from this many replicas")
+    ray.add_argument("--max-replicas", type=_positive_int, default=None, help="autoscale up to this many replicas")
+    ray.add_argument("--target-ongoing-requests", type=_positive_float, default=None, metavar="N",
+                     help="autoscaling aims at N requests per replica (default: --parallel)")
 
     p = command("bench", "measure prompt processing and generation speed", "ember.cli.bench:cli_bench")
     _add_model(p)

@@ -1,16 +1,28 @@
-"""`ember serve`: the OpenAI-compatible server (ember.server) under uvicorn."""
+"""`ember serve`: the OpenAI-compatible server (ember.server) under uvicorn, or with --ray its
+replicas behind Ray Serve's proxy (ember.server.ray)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import sys
+import threading
 
 from ember.cli.main import batch_size
 from ember.errors import EmberError
 
 
 def cli_serve(args) -> int:
+    if args.ray:
+        return serve_on_ray(args)
+    ray_only = [flag for flag, value in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
+                                         ("--max-replicas", args.max_replicas),
+                                         ("--target-ongoing-requests", args.target_ongoing_requests))
+                if value is not None]
+    if ray_only:
+        raise EmberError(f"{ray_only[0]} needs --ray (replicas run on Ray Serve)")
     try:
         import uvicorn
     except ImportError:
@@ -34,6 +46,66 @@ def cli_serve(args) -> int:
         _server_class()(config).run(sockets=[sock])
     finally:
         scheduler.stop()
+    return 0
+
+
+def serve_on_ray(args) -> int:
+    """The model's replicas on the Ray cluster at RAY_ADDRESS (or a local one started here, of this
+    machine's CPUs), behind Ray Serve's proxy on --host/--port, until Ctrl-C or SIGTERM; then the
+    application is deleted (and a local cluster shut down)."""
+    try:
+        import ray
+        from ray import serve
+
+        from ember.server.ray import ember_app
+    except ImportError:
+        raise EmberError("--ray needs Ray Serve: pip install 'ember[ray]'") from None
+    host, port = args.host, args.port
+    if port == 0:
+        with listening_socket(host, 0) as sock:  # Ray's proxy needs a port number: a free one
+            port = sock.getsockname()[1]
+    threads = args.threads or 1
+    app = ember_app(args.model, replicas=args.replicas or 1, threads=threads, parallel=args.parallel,
+                    min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                    target_ongoing_requests=args.target_ongoing_requests, n_ctx=args.ctx_size,
+                    queue_size=args.queue_size, api_key=args.api_key, activations=args.activations,
+                    n_batch=batch_size(args), use_mmap=args.mmap, use_mlock=args.mlock,
+                    chat_template=args.chat_template, cors_origins=args.cors_origins, slots_endpoint=args.slots)
+    existing = bool(os.environ.get("RAY_ADDRESS"))
+    if not existing:
+        from ember.hub import resolve_model
+
+        resolve_model(args.model)  # pulled once here, not by every local replica at once
+    ray.init(**({} if existing else {"include_dashboard": False}), logging_level=logging.WARNING,
+             log_to_driver=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own handler aborts
+    try:
+        n_replicas, replicas = _replica_plan(args)
+        n_cpus = ray.cluster_resources().get("CPU", 0)
+        if not existing and n_replicas * threads > n_cpus:
+            raise EmberError(f"{_count(n_replicas, 'replica')} of {_count(threads, 'thread')} need "
+                             f"{n_replicas * threads} CPUs; this machine's Ray cluster has {n_cpus:g}: "
+                             "use fewer --replicas or -t")
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(app, name="ember", route_prefix="/")
+            where = f"the Ray cluster at {os.environ['RAY_ADDRESS']}" if existing else "a local Ray cluster"
+            print(f"ember: serving {args.model} on http://{_url_host(host)}:{port} through Ray Serve on {where} "
+                  f"({replicas}, each {_count(args.parallel, 'slot')} and {_count(threads, 'thread')})",
+                  file=sys.stderr, flush=True)
+            try:
+                while not stop.wait(0.5):
+                    pass
+            except KeyboardInterrupt:
+                pass
+        finally:
+            if existing:
+                serve.delete("ember")
+            else:
+                serve.shutdown()
+    finally:
+        ray.shutdown()
     return 0
 
 
@@ -62,6 +134,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError as error:
         raise EmberError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     return sock
+
+
+def _replica_plan(args) -> tuple[int, str]:
+    """The replicas started first, and how the replicas are counted (fixed or autoscaled)."""
+    if args.min_replicas is None and args.max_replicas is None:
+        return args.replicas or 1, _count(args.replicas or 1, "replica")
+    low = 1 if args.min_replicas is None else args.min_replicas
+    high = max(low, 1) if args.max_replicas is None else args.max_replicas
+    return max(low, 1), f"{low} to {high} replicas"
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _url_host(host: str) -> str:

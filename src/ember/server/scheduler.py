@@ -156,6 +156,11 @@ class Scheduler:
     def n_running(self) -> int:
         return len(self._running)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the scheduler thread runs (started and not stopped)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> "Scheduler":

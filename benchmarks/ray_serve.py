@@ -1,0 +1,160 @@
+"""ember on Ray Serve against as many plain `ember serve` processes on the same cores.
+
+    python benchmarks/ray_serve.py [--model smollm2-135m] [--replicas 1,2] [--clients 8] [--tokens 32]
+                                   [--repeat 3] [--latency 20] [--parallel 4] [--record FILE]
+
+For each replica count n: n `ember serve` processes (-t 1, --parallel P, each on its own port; the
+clients take them in turn, as a round-robin load balancer would) and a local Ray cluster of
+n CPUs without a dashboard serving ember.server.ray's application with n replicas of one thread
+and P slots, behind Ray Serve's proxy. Then, alternating direct and Ray round by round so that a
+change in the machine's load touches both alike:
+
+- aggregate speed: --clients streaming completions at once (greedy, end-of-generation banned, so
+  each makes exactly --tokens tokens), generated tokens per second of wall time;
+- overhead per request: --latency sequential requests of each kind, median seconds: GET /health
+  (no model work: what the proxy and the router add) and a 1-token completion.
+
+Medians of --repeat rounds are reported, and each round's Ray / direct ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
+
+
+def aggregate_speed(urls: list[str], n_clients: int, n_tokens: int, banned: list[int]) -> float:
+    """Generated tokens per second of wall time, n_clients streams at once spread over urls."""
+    counts = [0] * n_clients
+    threads = [threading.Thread(target=stream, args=(urls[i % len(urls)], PROMPTS[i % len(PROMPTS)], n_tokens,
+                                                     banned, counts, i)) for i in range(n_clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - start
+    if counts != [n_tokens] * n_clients:
+        raise SystemExit(f"expected {n_tokens} tokens per stream, got {counts}")
+    return sum(counts) / seconds
+
+
+def latencies(url: str, n: int) -> dict[str, float]:
+    """Median seconds of a GET /health and of a 1-token completion, n sequential requests each."""
+    found = {}
+    for name, method, route, body in (("health", "GET", "/health", None),
+                                      ("1-token completion", "POST", "/v1/completions",
+                                       {"prompt": "Hi", "max_tokens": 1, "temperature": 0})):
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            client().request(method, f"{url}{route}", json=body).raise_for_status()
+            times.append(time.perf_counter() - start)
+        found[name] = statistics.median(times)
+    return found
+
+
+def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int) -> str:
+    import ray
+    from ray import serve
+
+    from ember.server.ray import ember_app
+
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
+                                                os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=n_replicas, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(ember_app(model, replicas=n_replicas, threads=1, parallel=parallel, n_ctx=n_ctx), name="ember",
+              route_prefix="/")
+    return f"http://127.0.0.1:{port}"
+
+
+def stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def measure(args, n: int, banned: list[int]) -> dict:
+    direct = [start_server(args.model, args.parallel, 1, args.ctx) for _ in range(n)]
+    direct_urls = [url for _, url in direct]
+    try:
+        ray_url = start_ray(n, args.model, args.parallel, args.ctx)
+        try:
+            for urls in (direct_urls, [ray_url]):  # warm up every slot
+                aggregate_speed(urls, n * args.parallel, 4, banned)
+            found = {"direct": {"speed": [], "latency": []}, "ray": {"speed": [], "latency": []}}
+            for _ in range(args.repeat):
+                for kind, urls in (("direct", direct_urls), ("ray", [ray_url])):
+                    found[kind]["speed"].append(aggregate_speed(urls, args.clients, args.tokens, banned))
+                    found[kind]["latency"].append(latencies(urls[0], args.latency))
+            return found
+        finally:
+            stop_ray()
+    finally:
+        for process, _ in direct:
+            process.terminate()
+            process.wait()
+
+
+def report(args, results: dict[int, dict]) -> str:
+    lines = [f"# ember on Ray Serve against plain `ember serve` ({args.model})", "",
+             f"- machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} logical CPUs, "
+             f"load average at the start {args.load_before:.1f}",
+             f"- each engine: 1 thread, --parallel {args.parallel}, -c {args.ctx}; {args.clients} streaming clients "
+             f"of {args.tokens} tokens; {args.latency} sequential requests per latency; median of {args.repeat} "
+             "alternating rounds", "",
+             "| engines | direct tokens/s | Ray Serve tokens/s | Ray / direct (median of rounds) | rounds (direct / Ray) |",
+             "|---:|---:|---:|---:|---|"]
+    for n, found in sorted(results.items()):
+        direct, ray = found["direct"]["speed"], found["ray"]["speed"]
+        ratio = statistics.median(r / d for r, d in zip(ray, direct))
+        rounds = "; ".join(f"{d:.1f} / {r:.1f}" for d, r in zip(direct, ray))
+        lines.append(f"| {n} | {statistics.median(direct):.1f} | {statistics.median(ray):.1f} | {ratio:.2f} | "
+                     f"{rounds} |")
+    lines += ["", "| engines | request | direct ms | Ray Serve ms | added ms |", "|---:|---|---:|---:|---:|"]
+    for n, found in sorted(results.items()):
+        for name in found["direct"]["latency"][0]:
+            direct = statistics.median(r[name] for r in found["direct"]["latency"]) * 1e3
+            ray = statistics.median(r[name] for r in found["ray"]["latency"]) * 1e3
+            lines.append(f"| {n} | {name} | {direct:.1f} | {ray:.1f} | {ray - direct:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--replicas", default="1,2", help="comma-separated engine counts")
+    parser.add_argument("--clients", type=int, default=8, help="streams at once")
+    parser.add_argument("--tokens", type=int, default=32, help="generated tokens per stream")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency", type=int, default=20, help="sequential requests per latency measurement")
+    parser.add_argument("--parallel", type=int, default=4, help="slots per engine")
+    parser.add_argument("--ctx", type=int, default=512, help="context per slot")
+    parser.add_argument("--record", default=None, help="also write the report (markdown) to this file")
+    args = parser.parse_args()
+    args.load_before = os.getloadavg()[0]
+    banned = end_of_generation_ids(args.model)
+    results = {n: measure(args, n, banned) for n in sorted({int(n) for n in args.replicas.split(",")})}
+    text = report(args, results)
+    print(text)
+    if args.record:
+        Path(args.record).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

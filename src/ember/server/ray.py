@@ -1,0 +1,171 @@
+"""Scale-out on Ray Serve: replicas that are ember engines behind Ray Serve's HTTP proxy.
+
+Each replica builds exactly what `ember serve` runs (build_server: the model, its continuous-
+batching scheduler and the FastAPI app with every route and error), and Ray Serve's proxy hands
+it whole HTTP requests (`@serve.ingress`), so clients see the same API on one machine or many.
+Ray brings the rest: placing replicas on nodes (`threads` CPUs each), restarting dead ones
+(a replica is unhealthy once its scheduler thread has ended), autoscaling on ongoing requests.
+
+    ember serve --ray -m smollm2-135m --replicas 2 -t 1 --parallel 4    # ember.cli.serve
+    serve run ember.server.ray:build_app model=smollm2-135m replicas=2 threads=1
+    serve run ember.config.yaml                                        # see CONFIG_EXAMPLE
+
+Routing keeps a conversation's KV cache warm: requests carrying the same `X-Session-ID`
+header go to the same replica (SessionAffinityRouter), whose scheduler then reuses the cached
+prefix of the growing chat; requests without one go to the less busy of two random replicas.
+Every answer names its replica in the `X-Ember-Replica` header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from ray import serve
+from ray.serve.request_router import RequestRouter
+
+from ember.errors import EmberError
+
+SESSION_HEADER = "X-Session-ID"  # Ray Serve's session header (RAY_SERVE_SESSION_ID_HEADER_KEY)
+REPLICA_HEADER = "x-ember-replica"
+DEFAULT_PARALLEL = 4
+
+CONFIG_EXAMPLE = """\
+# serve run ember.config.yaml   (or: serve deploy ember.config.yaml on a running cluster)
+applications:
+  - name: ember
+    route_prefix: /
+    import_path: ember.server.ray:build_app
+    args:
+      model: smollm2-135m      # a registry name, a path on every node, or a Hugging Face repo
+      replicas: 2              # or min_replicas / max_replicas / target_ongoing_requests
+      threads: 1               # compute threads (and Ray CPUs) per replica
+      parallel: 4              # sequence slots per replica
+"""
+
+
+class SessionAffinityRouter(RequestRouter):
+    """Ray Serve request router: a request with a session id (Ray's proxy takes it from the
+    X-Session-ID header) prefers the replicas in the order of their rendezvous hash with it,
+    so a session keeps its replica while that one lives and accepts work, and only the sessions
+    of a replica that went away move; requests without one go to the shorter queue of two
+    random replicas."""
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        session = pending_request.metadata.session_id if pending_request is not None else ""
+        if not session or not candidate_replicas:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        return [[by_id[replica]] for replica in preferred_replicas(session, list(by_id))]
+
+
+def preferred_replicas(session: str, replicas: list[str]) -> list[str]:
+    """The replica ids in a session's order of preference: by rendezvous (highest random weight)
+    hashing, so removing a replica moves only the sessions that preferred it."""
+    def weight(replica: str) -> bytes:
+        return hashlib.blake2b(f"{session}\0{replica}".encode(), digest_size=8).digest()
+
+    return sorted(replicas, key=weight, reverse=True)
+
+
+@serve.ingress()
+class EmberReplica:
+    """One Ray Serve replica: an ember engine (see build_server for `server_options`)."""
+
+    def __init__(self, model: str, server_options: dict):
+        from ember.server import build_server
+
+        self.asgi_app, self.scheduler = build_server(model, **server_options)
+        self.asgi_app.add_middleware(_NameReplica, replica=serve.get_replica_context().replica_id.unique_id)
+
+    def __serve_build_asgi_app__(self):
+        return self.asgi_app
+
+    def check_health(self) -> None:
+        """Ray restarts a replica whose health check raises."""
+        if not self.scheduler.alive:
+            raise RuntimeError("the ember scheduler thread has ended")
+
+    def __del__(self):
+        self.scheduler.stop()
+
+
+class _NameReplica:
+    """ASGI middleware: each answer's X-Ember-Replica header names the replica that gave it."""
+
+    def __init__(self, app, replica: str):
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope, receive, send):
+        async def named_send(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        return await self.app(scope, receive, named_send if scope["type"] == "http" else send)
+
+
+def deployment_options(replicas: int | None = 1, threads: int = 1, parallel: int = DEFAULT_PARALLEL,
+                       min_replicas: int | None = None, max_replicas: int | None = None,
+                       target_ongoing_requests: float | None = None) -> dict:
+    """Ray Serve options for the replicas: a fixed number, or autoscaling between min and max
+    replicas on `target_ongoing_requests` per replica (default: its `parallel` slots). A replica
+    takes up to `parallel` requests at once; more wait in Ray's queue for the first free one."""
+    for name, value in (("replicas", replicas), ("threads", threads), ("parallel", parallel),
+                        ("min_replicas", min_replicas), ("max_replicas", max_replicas)):
+        if value is not None and (not isinstance(value, int) or value < (0 if name == "min_replicas" else 1)):
+            raise EmberError(f"{name} must be a positive whole number, not {value!r}")
+    options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": parallel,
+               "request_router_config": {"request_router_class": SessionAffinityRouter}}
+    if min_replicas is None and max_replicas is None:
+        options["num_replicas"] = replicas
+        return options
+    low = 1 if min_replicas is None else min_replicas
+    high = max(low, 1) if max_replicas is None else max_replicas
+    if high < low:
+        raise EmberError(f"max_replicas ({high}) is below min_replicas ({low})")
+    options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
+                                     "target_ongoing_requests": target_ongoing_requests or parallel}
+    return options
+
+
+def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: int = DEFAULT_PARALLEL,
+              min_replicas: int | None = None, max_replicas: int | None = None,
+              target_ongoing_requests: float | None = None, **server_options):
+    """The Ray Serve application serving `model` (server_options: build_server's, such as n_ctx,
+    queue_size, api_key, activations)."""
+    options = deployment_options(replicas, threads, parallel, min_replicas, max_replicas, target_ongoing_requests)
+    deployment = serve.deployment(EmberReplica, name="ember", **options)
+    return deployment.bind(model, {**server_options, "n_threads": threads, "parallel": parallel})
+
+
+APP_ARGS = {"model": str, "replicas": int, "threads": int, "parallel": int, "min_replicas": int, "max_replicas": int,
+            "target_ongoing_requests": float, "n_ctx": int, "queue_size": int, "api_key": str, "activations": str,
+            "n_batch": int, "chat_template": str, "cors_origins": str, "slots_endpoint": bool}
+
+
+def build_app(args: dict):
+    """The application builder for `serve run ember.server.ray:build_app key=value ...` and for
+    config files (their `args`): APP_ARGS are the keys it takes; `model` is required."""
+    unknown = sorted(set(args) - set(APP_ARGS))
+    if unknown:
+        raise EmberError(f"unknown argument {unknown[0]!r}: ember's Ray app takes {', '.join(APP_ARGS)}")
+    if "model" not in args:
+        raise EmberError("the argument 'model' is required (a registry name, a path or a Hugging Face repo)")
+    return ember_app(**{key: _typed(key, value) for key, value in args.items()})
+
+
+def _typed(key: str, value):
+    kind = APP_ARGS[key]
+    if kind is bool and isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise EmberError(f"{key} must be true or false, not {value!r}")
+        return value.lower() in ("true", "1")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise EmberError(f"{key} must be {_KIND_NAMES[kind]}, not {value!r}") from None
+
+
+_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string"}

@@ -1,0 +1,326 @@
+"""ember on Ray Serve (ember.server.ray, `ember serve --ray`), on a real local Ray cluster.
+
+The test starts a two-CPU Ray cluster without a dashboard, runs `ember serve --ray` against it
+(RAY_ADDRESS) with two replicas of one thread each, and tears both down at the end. The oracle
+is a plain `ember serve` process answering the same greedy requests: through Ray Serve's proxy
+every answer, schema and error must be the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from ember.hub import resolve_model
+from ember_server import ServerProcess
+from paths import REPO, TESTS
+
+import ray
+from ray import serve
+
+from ember.errors import EmberError
+from ember.server.ray import (
+    CONFIG_EXAMPLE,
+    REPLICA_HEADER,
+    SESSION_HEADER,
+    build_app,
+    deployment_options,
+    preferred_replicas,
+)
+
+
+MODEL = "smollm2-135m"
+N_CTX = 512
+SERVE_FLAGS = ("-m", MODEL, "-c", str(N_CTX), "--parallel", "4", "-t", "1")
+N_CLIENTS = 16
+TIMEOUT = 300
+
+
+def requests_of_16_clients() -> list[tuple[str, dict]]:
+    """Greedy chat and text completions, some streamed, each different."""
+    requests = []
+    for i in range(N_CLIENTS):
+        if i % 2:
+            body = {"messages": [{"role": "user", "content": f"Name {i} fruits, one per line."}]}
+            route = "/v1/chat/completions"
+        else:
+            body = {"prompt": f"{i} + {i} equals"}
+            route = "/v1/completions"
+        requests.append((route, {**body, "max_tokens": 12, "temperature": 0, "stream": i % 4 in (2, 3)}))
+    return requests
+
+
+def ask(url: str, route: str, body: dict, headers: dict | None = None) -> dict:
+    """The answer's status, the replica that gave it, and its text, finish reason and usage
+    (a stream's text put together from its chunks; `complete` once it ended with [DONE])."""
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+        if not body.get("stream"):
+            response = client.post(route, json=body, headers=headers)
+            answer = {"status": response.status_code, "replica": response.headers.get(REPLICA_HEADER)}
+            if response.status_code != 200:
+                return {**answer, "body": response.text}
+            choice = response.json()["choices"][0]
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            return {**answer, "text": text, "finish_reason": choice["finish_reason"],
+                    "usage": response.json()["usage"], "complete": True}
+        with client.stream("POST", route, json={**body, "stream_options": {"include_usage": True}},
+                           headers=headers) as response:
+            answer = {"status": response.status_code, "replica": response.headers.get(REPLICA_HEADER)}
+            if response.status_code != 200:
+                return {**answer, "body": response.read().decode()}
+            text, finish_reason, usage, complete = "", None, None, False
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    complete = True
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                usage = chunk.get("usage") or usage
+                for choice in chunk["choices"]:
+                    text += choice.get("delta", {}).get("content") or choice.get("text") or ""
+                    finish_reason = choice.get("finish_reason") or finish_reason
+            return {**answer, "text": text, "finish_reason": finish_reason, "usage": usage, "complete": complete}
+
+
+def ask_all(url: str, requests: list[tuple[str, dict]]) -> list[dict]:
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda request: ask(url, *request), requests))
+
+
+def without_replica(answer: dict) -> dict:
+    return {key: value for key, value in answer.items() if key != "replica"}
+
+
+# -- without a cluster ---------------------------------------------------------------------
+
+
+def test_a_session_keeps_its_replica_and_only_a_lost_replicas_sessions_move():
+    replicas = [f"replica{i}" for i in range(4)]
+    sessions = [f"chat-{i}" for i in range(400)]
+    first = {session: preferred_replicas(session, replicas)[0] for session in sessions}
+    assert first == {session: preferred_replicas(session, list(reversed(replicas)))[0] for session in sessions}
+    assert all(60 <= list(first.values()).count(replica) <= 140 for replica in replicas)  # spread evenly
+    after = {session: preferred_replicas(session, replicas[1:])[0] for session in sessions}
+    assert {session for session in sessions if after[session] != first[session]} == \
+        {session for session in sessions if first[session] == "replica0"}
+    assert all(after[session] == preferred_replicas(session, replicas)[1]
+               for session in sessions if first[session] == "replica0")  # to their second choice
+
+
+def test_replicas_are_fixed_or_autoscaled_on_ongoing_requests():
+    fixed = deployment_options(replicas=3, threads=2, parallel=8)
+    assert (fixed["num_replicas"], fixed["ray_actor_options"], fixed["max_ongoing_requests"]) == (3, {"num_cpus": 2}, 8)
+    assert "autoscaling_config" not in fixed
+    scaled = deployment_options(threads=1, parallel=4, min_replicas=0, max_replicas=5)
+    assert scaled["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 5, "initial_replicas": 1,
+                                            "target_ongoing_requests": 4}
+    assert "num_replicas" not in scaled
+    assert deployment_options(max_replicas=2, target_ongoing_requests=1.5)["autoscaling_config"][
+        "target_ongoing_requests"] == 1.5
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"replicas": 2}, "the argument 'model' is required"),
+    ({"model": "m", "replica": 2}, "unknown argument 'replica'"),
+    ({"model": "m", "threads": "two"}, "threads must be a whole number, not 'two'"),
+    ({"model": "m", "threads": 0}, "threads must be a positive whole number, not 0"),
+    ({"model": "m", "min_replicas": 3, "max_replicas": 2}, r"max_replicas \(2\) is below min_replicas \(3\)"),
+    ({"model": "m", "slots_endpoint": "maybe"}, "slots_endpoint must be true or false"),
+])
+def test_bad_application_arguments_are_one_line_errors(args, message):
+    with pytest.raises(EmberError, match=message):
+        build_app(args)
+
+
+def test_the_config_file_in_the_docs_builds_an_application():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert CONFIG_EXAMPLE in readme
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.parse_obj(yaml.safe_load(CONFIG_EXAMPLE))
+    application = config.applications[0]
+    assert (application.import_path, application.route_prefix) == ("ember.server.ray:build_app", "/")
+    deployment = build_app(application.args)._bound_deployment
+    assert deployment.num_replicas == 2
+    assert deployment.ray_actor_options["num_cpus"] == 1
+    assert deployment.max_ongoing_requests == 4
+
+
+# -- on a local Ray cluster ----------------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_ember_serve_ray_starts_a_local_cluster_and_leaves_nothing_running():
+    resolve_model(MODEL)
+    process = ServerProcess("--ray", *SERVE_FLAGS).wait_ready(timeout=TIMEOUT)
+    try:
+        children = psutil.Process(process.process.pid).children(recursive=True)
+        assert any("raylet" in " ".join(child.cmdline()) for child in children)
+        models = httpx.get(f"{process.url}/v1/models", timeout=TIMEOUT)
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+        assert "through Ray Serve on a local Ray cluster (1 replica, each 4 slots and 1 thread)" in process.output()
+    finally:
+        process.process.terminate()
+        assert process.process.wait(timeout=TIMEOUT) == 0
+        process.stop()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == []
+
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """What a plain `ember serve` answers: the 16 requests and a few errors."""
+    resolve_model(MODEL)
+    process = ServerProcess(*SERVE_FLAGS).wait_ready()
+    try:
+        yield {"answers": ask_all(process.url, requests_of_16_clients()), "probes": probes(process.url)}
+    finally:
+        process.stop()
+
+
+def probes(url: str) -> dict:
+    """Answers beside generation: models, health, and errors (schema, route, context)."""
+    found = {}
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+        for name, method, route, body in (
+                ("models", "GET", "/v1/models", None), ("health", "GET", "/health", None),
+                ("no route", "GET", "/v1/nothing", None),
+                ("bad field", "POST", "/v1/chat/completions", {"messages": [], "max_tokens": 4}),
+                ("bad json", "POST", "/v1/completions", "{not json"),
+                ("too long", "POST", "/v1/completions", {"prompt": "word " * 2 * N_CTX, "max_tokens": 1})):
+            if isinstance(body, str):
+                response = client.request(method, route, content=body, headers={"content-type": "application/json"})
+            else:
+                response = client.request(method, route, json=body)
+            answer = response.json()
+            for model in answer.get("data", []) if name == "models" else []:
+                model.pop("created")
+            found[name] = (response.status_code, answer)
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of 2 CPUs, no dashboard; ray workers import ember from this checkout."""
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    context = ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_server(cluster, reference):
+    """`ember serve --ray` on the test's cluster: two replicas of one thread and 4 slots each."""
+    os.environ["RAY_ADDRESS"] = cluster
+    try:
+        process = ServerProcess("--ray", "--replicas", "2", *SERVE_FLAGS).wait_ready(timeout=TIMEOUT)
+    finally:
+        del os.environ["RAY_ADDRESS"]
+    yield process.url
+    process.stop()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_16_concurrent_clients_get_what_ember_serve_answers(ray_server, reference):
+    answers = ask_all(ray_server, requests_of_16_clients())
+    assert [without_replica(a) for a in answers] == [without_replica(a) for a in reference["answers"]]
+    assert all(a["status"] == 200 and a["complete"] for a in answers)
+    assert len({a["replica"] for a in answers}) == 2  # both replicas served
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_models_health_and_errors_are_ember_serves(ray_server, reference):
+    assert probes(ray_server) == reference["probes"]
+
+
+def replica_metric(url: str, session: str, name: str) -> tuple[str, float]:
+    response = httpx.get(f"{url}/metrics", headers={SESSION_HEADER: session}, timeout=TIMEOUT)
+    value = next(float(line.split()[1]) for line in response.text.splitlines() if line.startswith(name + " "))
+    return response.headers[REPLICA_HEADER], value
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_growing_chat_stays_on_one_replica_and_reuses_its_cache(ray_server):
+    messages, replicas, evaluated, prompt_tokens = [], set(), [], []
+    for turn in ("Hello! Who are you?", "What can you do?", "Tell me a joke."):
+        messages.append({"role": "user", "content": turn})
+        before = replica_metric(ray_server, "chat-1", "ember_prompt_tokens_total")
+        answer = ask(ray_server, "/v1/chat/completions",
+                     {"messages": messages, "max_tokens": 8, "temperature": 0}, headers={SESSION_HEADER: "chat-1"})
+        after = replica_metric(ray_server, "chat-1", "ember_prompt_tokens_total")
+        assert before[0] == after[0] == answer["replica"]
+        replicas.add(answer["replica"])
+        evaluated.append(after[1] - before[1])
+        prompt_tokens.append(answer["usage"]["prompt_tokens"])
+        messages.append({"role": "assistant", "content": answer["text"]})
+    assert len(replicas) == 1
+    assert 0 < evaluated[0] <= prompt_tokens[0]  # the replica may hold the template's system prompt already
+    for turn in (1, 2):  # only what the turn added is evaluated: the earlier turns are the slot's cache
+        assert evaluated[turn] <= prompt_tokens[turn] - prompt_tokens[turn - 1]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_killed_replica_loses_no_acknowledged_answer_and_comes_back(ray_server, reference):
+    requests = requests_of_16_clients()
+    victim = httpx.get(f"{ray_server}/health", timeout=TIMEOUT).headers[REPLICA_HEADER]
+    with ThreadPoolExecutor(N_CLIENTS) as pool:
+        futures = [pool.submit(safe_ask, ray_server, *request) for request in requests]
+        wait(futures, return_when=FIRST_COMPLETED)  # the first answer is in; the others are under way
+        ray.kill(replica_actor(victim))
+        answers = [future.result() for future in futures]
+    for answer, expected in zip(answers, reference["answers"]):
+        if answer["status"] == 200 and answer["complete"]:
+            assert without_replica(answer) == without_replica(expected)
+        else:  # retryable: a 5xx from the proxy, a connection cut, or a stream that never said [DONE]
+            assert answer["status"] in (None, 200) or answer["status"] >= 500, answer
+    assert any(a["status"] == 200 and a["complete"] for a in answers)
+
+    deadline = time.monotonic() + TIMEOUT
+    while replica_alive(victim) or running_replicas() < 2:
+        assert time.monotonic() < deadline, "Ray did not start a replica in place of the killed one"
+        time.sleep(1)
+    answers = ask_all(ray_server, requests)
+    assert [without_replica(a) for a in answers] == [without_replica(a) for a in reference["answers"]]
+    assert victim not in {a["replica"] for a in answers}
+
+
+def safe_ask(url: str, route: str, body: dict) -> dict:
+    try:
+        return ask(url, route, body)
+    except httpx.TransportError:  # the connection ended mid-answer
+        return {"status": None, "complete": False}
+
+
+def replica_actor_names(replica: str) -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["name"].endswith("#" + replica)]
+
+
+def replica_actor(replica: str):
+    return ray.get_actor(replica_actor_names(replica)[0], namespace="serve")
+
+
+def replica_alive(replica: str) -> bool:
+    return bool(replica_actor_names(replica))
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications["ember"].deployments["ember"]
+    return deployment.replica_states.get("RUNNING", 0)
