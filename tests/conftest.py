@@ -13,3 +13,17 @@ os.environ.setdefault("EMBER_EMULATE_AMX", "1")
 # The tests' shared helpers (fake_llm.py, ember_server.py, paths.py, ...) live in this folder; the
 # tests themselves in folders that mirror src/ember and csrc.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+import pytest  # noqa: E402  (after the environment above: importing the core reads it)
+
+from ember import _core  # noqa: E402
+
+
+@pytest.fixture(params=_core.available_isas())
+def isa(request):
+    """A test that takes `isa` runs once on each kernel table this CPU runs (scalar, avx2, ...)."""
+    previous = _core.isa()
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(previous)

@@ -22,13 +22,6 @@ F32 = int(GGMLType.F32)
 ISAS = _core.available_isas()
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    previous = _core.isa()
-    _core.set_isa(request.param)
-    yield request.param
-    _core.set_isa(previous)
-
 
 def vector(g, values):
     return g.weight(F32, len(values), 1, np.ascontiguousarray(values, dtype=np.float32))

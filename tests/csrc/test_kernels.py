@@ -54,13 +54,6 @@ def random_rows(t, n_rows, n_cols, seed=0):
     return blocks.reshape(n_rows, -1)
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    previous = _core.isa()
-    _core.set_isa(request.param)
-    yield request.param
-    _core.set_isa(previous)
-
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
 def test_dequantize_row_matches_numpy_reference(isa, t):

@@ -30,13 +30,6 @@ WIDTH = 67
 SPECIAL_VALUES = [-100.0, -20.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 20.0, 100.0]
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    previous = _core.isa()
-    _core.set_isa(request.param)
-    yield request.param
-    _core.set_isa(previous)
-
 
 def activations(n_tokens, width=WIDTH, seed=0, scale=3.0, special=True):
     """Random rows, the first of them starting with SPECIAL_VALUES (unless special=False)."""

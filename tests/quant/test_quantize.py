@@ -42,13 +42,6 @@ K_QUANTS = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K
 SRC = Path(ember.__file__).resolve().parent.parent  # where this process imports ember from
 
 
-@pytest.fixture(params=_core.available_isas())
-def isa(request):
-    previous = _core.isa()
-    _core.set_isa(request.param)
-    yield request.param
-    _core.set_isa(previous)
-
 
 def fixture(model):
     return json.loads((FIXTURES / f"quantize-{model}.json").read_text())
