@@ -52,12 +52,27 @@ def test_the_unchanged_tiny_model_loads_and_runs(tmp_path):
     ("llama.rope.freq_base", float("inf"), "llama.rope.freq_base is inf; it must be finite"),
     ("llama.attention.layer_norm_rms_epsilon", float("nan"), "layer_norm_rms_epsilon is nan"),
     ("llama.rope.scaling.type", ["linear"], "llama.rope.scaling.type must be a string"),
+    ("llama.rope.scaling.type", "dynamic", (r"RoPE scaling type 'dynamic' \(llama\.rope\.scaling\.type\) is not "
+                                            "supported; ember supports none, linear, yarn, longrope")),
+    ("llama.rope.scaling.original_context_length", 0, r"original_context_length is 0, outside \[1, "),
+    ("llama.rope.scaling.attn_factor", 0.0, r"llama\.rope\.scaling\.attn_factor is 0\.0; it must be finite > 0"),
+    ("llama.rope.scaling.yarn_beta_fast", float("nan"), "llama.rope.scaling.yarn_beta_fast is nan"),
     ("llama.vocab_size", 100_000, r"the vocabulary has 100000 tokens \(llama\.vocab_size\) but tokenizer\.ggml"),
     ("general.architecture", ["llama"], "unsupported architecture"),
 ])
 def test_a_bad_hyper_parameter_is_an_error_naming_its_key(tmp_path, key, value, match):
     with pytest.raises(GGUFError, match=match):
         load(tmp_path, metadata={key: value})
+
+
+@pytest.mark.parametrize("metadata, match", [
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 0.5},
+     r"llama\.rope\.scaling\.factor is 0\.5; YaRN scaling needs a factor >= 1"),
+    ({"llama.rope.scaling.type": "longrope"}, "tensor rope_factors_short.weight is missing"),
+])
+def test_a_rope_scaling_the_file_cannot_run_is_an_error_naming_it(tmp_path, metadata, match):
+    with pytest.raises(GGUFError, match=match):
+        load(tmp_path, metadata=metadata)
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -56,7 +56,8 @@ class Model:
         self.n_ctx_train = self.hp.n_ctx_train
         self.activations = activations
         self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
-        builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp))
+        builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp),
+                          n_ctx=context_length(n_ctx, self.n_ctx_train))
         logits = builder.build(arch.build)
         self._keep = builder._keep
         self.graph.set_output(logits)

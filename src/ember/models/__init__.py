@@ -26,6 +26,7 @@ from ember.models.validate import standard_shapes
 ARCHITECTURES = {
     "llama": "ember.models.llama",
     "qwen2": "ember.models.qwen2",
+    "qwen3": "ember.models.qwen3",
     "gemma3": "ember.models.gemma3",
     "gpt2": "ember.models.gpt2",
     "olmo2": "ember.models.olmo2",

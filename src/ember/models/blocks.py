@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from ember.errors import GGUFError
 from ember.gguf.metadata import float_key, int_key, string_key
 from ember.gguf.types import GGMLType
+from ember.models.rope import RopeScaling, longrope_factors_name, mscale, read_scaling, yarn_divisors
 from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows, standard_shapes
 
 MAX_ROPE_DIMS = 1024  # the core's rope op rotates at most 512 pairs of a head
@@ -35,6 +36,7 @@ class HParams:
     rope_dims: int
     rope_freq_scale: float
     sliding_window: int
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
 
     @classmethod
     def from_gguf(cls, f, default_eps_key: str = "attention.layer_norm_rms_epsilon") -> "HParams":
@@ -65,15 +67,12 @@ class HParams:
         rope_dims = int_key(meta, key("rope.dimension_count"), head_dim, maximum=min(head_dim, MAX_ROPE_DIMS))
         if rope_dims % 2:
             raise GGUFError(f"metadata key {key('rope.dimension_count')} is {rope_dims}; it must be even")
-        scaling = string_key(meta, key("rope.scaling.type"), "none")
-        if scaling not in ("none", "linear"):
-            raise GGUFError(f"RoPE scaling type {scaling!r} ({arch}.rope.scaling.type) is not supported yet;"
-                            " ember supports none and linear")
-        factor = float_key(meta, key("rope.scaling.factor"), 1.0, non_negative=True) or 1.0
+        n_ctx_train = int_key(meta, key("context_length"))
+        scaling = read_scaling(meta, arch, n_ctx_train)
         return cls(
             arch=arch,
             n_vocab=_vocabulary_size(f, arch),
-            n_ctx_train=int_key(meta, key("context_length")),
+            n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=int_key(meta, key("block_count")),
             n_ff=int_key(meta, key("feed_forward_length"), per_layer=True),
@@ -83,8 +82,9 @@ class HParams:
             norm_eps=float_key(meta, key(default_eps_key), 1e-5, non_negative=True),
             rope_base=float_key(meta, key("rope.freq_base"), 10000.0, positive=True),
             rope_dims=rope_dims,
-            rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0,
+            rope_freq_scale=scaling.freq_scale,
             sliding_window=int_key(meta, key("attention.sliding_window"), 0, minimum=0),
+            rope_scaling=scaling,
         )
 
 
@@ -117,12 +117,15 @@ class Builder:
     architecture's build function on a malformed file into a GGUFError too.
     """
 
-    def __init__(self, graph, gguf_file, hp: HParams, shapes: dict[str, tuple[int, ...]] | None = None):
+    def __init__(self, graph, gguf_file, hp: HParams, shapes: dict[str, tuple[int, ...]] | None = None,
+                 n_ctx: int | None = None):
         self.g = CheckedGraph(graph, gguf_file.tensors, hp.arch)
         self.f = gguf_file
         self.hp = hp
         self.shapes = standard_shapes(hp) if shapes is None else shapes
+        self.n_ctx = hp.n_ctx_train if n_ctx is None else n_ctx  # the context the graph runs with
         self._keep = []  # converted copies of small vectors, alive as long as the graph
+        self._constants: dict[str, int] = {}
 
     def build(self, build_fn: Callable[["Builder"], int]) -> int:
         """build_fn(self), the logits tensor id; a failure on a malformed file is a GGUFError."""
@@ -165,6 +168,14 @@ class Builder:
             self._keep.append(data)
         return self.g.named_weight(name, int(GGMLType.F32), int(t.n_elements), 1, data)
 
+    def constant(self, name: str, values: np.ndarray) -> int:
+        """A vector computed here (not in the file) as an F32 weight, added once per name."""
+        if name not in self._constants:
+            data = np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint8)
+            self._keep.append(data)
+            self._constants[name] = self.g.weight(int(GGMLType.F32), int(data.size // 4), 1, data)
+        return self._constants[name]
+
     def _tensor(self, name: str):
         t = self.f.tensors.get(name)
         if t is None:
@@ -187,11 +198,38 @@ class Builder:
         bias = self.vector(prefix + ".bias", optional=True)
         return self.g.add(y, bias) if bias >= 0 else y
 
-    def rope(self, x: int, neox: bool, base: float | None = None, freq_scale: float | None = None) -> int:
+    def rope_qk(self, q: int, k: int, neox: bool, base: float | None = None, scaled: bool = True) -> tuple[int, int]:
+        """RoPE on the queries and keys over the first rope_dims of each head, with the file's scaling
+        (models/rope.py) unless `scaled` is False (Gemma's local layers); `base`: another frequency
+        base than the file's."""
+        return (self.rope(q, self.hp.n_head, neox, base, scaled), self.rope(k, self.hp.n_kv_head, neox, base, scaled))
+
+    def rope(self, x: int, n_heads: int, neox: bool, base: float | None = None, scaled: bool = True) -> int:
+        hp, g = self.hp, self.g
+        base = hp.rope_base if base is None else base
+        if not scaled:
+            return g.rope(x, hp.head_dim, hp.rope_dims, neox, base, 1.0, -1)
+        s = hp.rope_scaling
+        if s.kind == "yarn":
+            factors = self.constant(f"rope_yarn.{base:g}", yarn_divisors(s, hp.rope_dims, base))
+        elif s.kind == "longrope":
+            factors = self.vector(longrope_factors_name(s, self.n_ctx))
+        else:
+            factors = self.vector("rope_freqs.weight", optional=True)
+        factor = mscale(s)
+        if factor != 1.0:
+            x = self._scale_rotated(x, n_heads, factor)
+        return g.rope(x, hp.head_dim, hp.rope_dims, neox, base, hp.rope_freq_scale, factors)
+
+    def _scale_rotated(self, x: int, n_heads: int, factor: float) -> int:
+        """x with the rotated dimensions of each head times factor: as rotation is linear, this scales
+        cos and sin (ggml's mscale) and leaves the dimensions past rope_dims as they are."""
         hp = self.hp
-        factors = self.vector("rope_freqs.weight", optional=True)
-        return self.g.rope(x, hp.head_dim, hp.rope_dims, neox, hp.rope_base if base is None else base,
-                           hp.rope_freq_scale if freq_scale is None else freq_scale, factors)
+        if hp.rope_dims == hp.head_dim:
+            return self.g.scale(x, factor)
+        head = np.ones(hp.head_dim, dtype=np.float32)
+        head[:hp.rope_dims] = factor
+        return self.g.mul(x, self.constant(f"rope_mscale.{n_heads}", np.tile(head, n_heads)))
 
     def attention(self, q: int, k: int, v: int, window: int = 0, scale: float | None = None,
                   softcap: float = 0.0) -> int:

@@ -64,9 +64,7 @@ def build(b: Builder) -> int:
         q = b.rms_norm(b.linear(h, f"{p}.attn_q"), f"{p}.attn_q_norm.weight", group=hp.head_dim)
         k = b.rms_norm(b.linear(h, f"{p}.attn_k"), f"{p}.attn_k_norm.weight", group=hp.head_dim)
         v = b.linear(h, f"{p}.attn_v")
-        base = local_base if local else hp.rope_base
-        freq_scale = 1.0 if local else hp.rope_freq_scale
-        q, k = b.rope(q, True, base, freq_scale), b.rope(k, True, base, freq_scale)
+        q, k = b.rope_qk(q, k, True, local_base if local else None, scaled=not local)
         a = b.attention(q, k, v, window=hp.sliding_window if local else 0, scale=scale)
         a = b.rms_norm(b.linear(a, f"{p}.attn_output"), f"{p}.post_attention_norm.weight")
         x = g.add(x, a)

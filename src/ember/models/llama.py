@@ -12,13 +12,24 @@ HF_ARCHITECTURES = ("LlamaForCausalLM",)
 
 
 def attention_layer(b: Builder, x: int, il: int, neox: bool) -> int:
-    """x + Attention(RMSNorm(x)); projections take biases when the file has them (Qwen2)."""
+    """x + Attention(RMSNorm(x)); projections take biases when the file has them (Qwen2), queries
+    and keys a per-head RMSNorm before RoPE when it has attn_q_norm / attn_k_norm (Qwen3); a
+    sliding window where the file gives attention.sliding_window (Mistral)."""
     p = f"blk.{il}"
     h = b.rms_norm(x, f"{p}.attn_norm.weight")
-    q = b.rope(b.linear(h, f"{p}.attn_q"), neox)
-    k = b.rope(b.linear(h, f"{p}.attn_k"), neox)
+    q, k = qk_norm(b, p, b.linear(h, f"{p}.attn_q"), b.linear(h, f"{p}.attn_k"))
+    q, k = b.rope_qk(q, k, neox)
     v = b.linear(h, f"{p}.attn_v")
-    return b.g.add(x, b.linear(b.attention(q, k, v), f"{p}.attn_output"))
+    return b.g.add(x, b.linear(b.attention(q, k, v, window=b.hp.sliding_window), f"{p}.attn_output"))
+
+
+def qk_norm(b: Builder, p: str, q: int, k: int) -> tuple[int, int]:
+    """Per-head RMSNorm of queries and keys where the file has their weights."""
+    if not b.has(f"{p}.attn_q_norm.weight"):
+        return q, k
+    head_dim = b.hp.head_dim
+    return (b.rms_norm(q, f"{p}.attn_q_norm.weight", group=head_dim),
+            b.rms_norm(k, f"{p}.attn_k_norm.weight", group=head_dim))
 
 
 def build_decoder(b: Builder, neox: bool) -> int:

@@ -19,8 +19,9 @@ def build(b: Builder) -> int:
     x = g.get_rows(b.weight("token_embd.weight"))
     for il in range(b.hp.n_layer):
         p = f"blk.{il}"
-        q = b.rope(b.rms_norm(b.linear(x, f"{p}.attn_q"), f"{p}.attn_q_norm.weight"), True)
-        k = b.rope(b.rms_norm(b.linear(x, f"{p}.attn_k"), f"{p}.attn_k_norm.weight"), True)
+        q = b.rms_norm(b.linear(x, f"{p}.attn_q"), f"{p}.attn_q_norm.weight")
+        k = b.rms_norm(b.linear(x, f"{p}.attn_k"), f"{p}.attn_k_norm.weight")
+        q, k = b.rope_qk(q, k, True)
         v = b.linear(x, f"{p}.attn_v")
         a = b.linear(b.attention(q, k, v), f"{p}.attn_output")
         x = g.add(x, b.rms_norm(a, f"{p}.post_attention_norm.weight"))

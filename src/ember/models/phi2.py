@@ -32,7 +32,8 @@ def build(b: Builder) -> int:
         p = f"blk.{il}"
         h = b.layer_norm(x, f"{p}.attn_norm")
         q, k, v = qkv(b, h, p)
-        a = b.linear(b.attention(b.rope(q, True), b.rope(k, True), v), f"{p}.attn_output")
+        q, k = b.rope_qk(q, k, True)
+        a = b.linear(b.attention(q, k, v), f"{p}.attn_output")
         m = b.linear(g.gelu(b.linear(h, f"{p}.ffn_up")), f"{p}.ffn_down")
         x = g.add(x, g.add(a, m))
     x = b.layer_norm(g.select_outputs(x), "output_norm")

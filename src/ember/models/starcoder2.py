@@ -21,8 +21,7 @@ def build(b: Builder) -> int:
     for il in range(b.hp.n_layer):
         p = f"blk.{il}"
         h = b.layer_norm(x, f"{p}.attn_norm")
-        q = b.rope(b.linear(h, f"{p}.attn_q"), True)
-        k = b.rope(b.linear(h, f"{p}.attn_k"), True)
+        q, k = b.rope_qk(b.linear(h, f"{p}.attn_q"), b.linear(h, f"{p}.attn_k"), True)
         v = b.linear(h, f"{p}.attn_v")
         x = g.add(x, b.linear(b.attention(q, k, v, window=b.hp.sliding_window), f"{p}.attn_output"))
         h = b.layer_norm(x, f"{p}.ffn_norm")

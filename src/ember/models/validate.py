@@ -36,6 +36,8 @@ def standard_shapes(hp) -> dict[str, tuple[int, ...]]:
         "token_embd.weight": (e, v),
         "position_embd.weight": (e, hp.n_ctx_train),
         "rope_freqs.weight": (hp.rope_dims // 2,),
+        "rope_factors_long.weight": (hp.rope_dims // 2,),
+        "rope_factors_short.weight": (hp.rope_dims // 2,),
         "attn_q_norm.weight": (hp.head_dim,),
         "attn_k_norm.weight": (hp.head_dim,),
     }
