@@ -58,18 +58,25 @@ WEIGHT_STD = 0.05
 F16_KV = "ember_f16_kv"
 
 
-def register_f16_kv_attention() -> None:
-    """sdpa attention whose K and V are rounded to F16 first, as ember's KV cache stores them."""
+def register_f16_kv_attention(model, implementation: str = "sdpa") -> None:
+    """The model's attention ("sdpa", or "eager": its module's own, for soft-capping) with K and V
+    rounded to F16 first, as ember's KV cache stores them."""
+    import importlib
+
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    forward = sdpa_attention_forward
+    if implementation == "eager":
+        forward = importlib.import_module(type(model).__module__).eager_attention_forward
 
     def attention(module, query, key, value, *args, **kwargs):
         key, value = key.half().to(key.dtype), value.half().to(value.dtype)
-        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+        return forward(module, query, key, value, *args, **kwargs)
 
     AttentionInterface.register(F16_KV, attention)
-    AttentionMaskInterface.register(F16_KV, sdpa_mask)
+    AttentionMaskInterface.register(F16_KV, eager_mask if implementation == "eager" else sdpa_mask)
 
 
 def randomize(model, norm_offset: float = 1.0) -> None:
@@ -100,7 +107,7 @@ def assert_quantized_close(logits: np.ndarray, reference: np.ndarray) -> None:
     assert np.array_equal(logits.argmax(1)[clear], reference.argmax(1)[clear])
 
 
-def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray) -> np.ndarray:
+def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, attention: str = "sdpa") -> np.ndarray:
     """transformers' logits (float64, F16 K/V) on the weights a quantized file holds: every
     quantized tensor, dequantized by the gguf package, put back into the Hugging Face model where
     the converter took it from (undoing its row permutation or transposition)."""
@@ -124,7 +131,7 @@ def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray) -> 
             values = np.empty(param.numel())
             values[where.reshape(-1).astype(np.int64)] = stored
             param.copy_(torch.from_numpy(values.reshape(param.shape)))
-        register_f16_kv_attention()
+        register_f16_kv_attention(model, attention)
         model.set_attn_implementation(F16_KV)
         return model(torch.tensor(tokens)[None]).logits[0].numpy()
 
@@ -142,10 +149,10 @@ def build_tiny(case: type, config_name: str, tmp_path_factory):
 
     tokens = np.random.default_rng(7).integers(0, config.vocab_size, N_TOKENS)
     ids = torch.tensor(tokens)[None]
-    register_f16_kv_attention()
+    register_f16_kv_attention(model, case.attention)
     with torch.no_grad():
         model.double()
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(case.attention)
         plain = model(ids).logits[0].numpy()
         model.set_attn_implementation(F16_KV)
         reference = model(ids).logits[0].numpy()
@@ -154,12 +161,14 @@ def build_tiny(case: type, config_name: str, tmp_path_factory):
 
 class TransformersParity:
     """The shared tests; a subclass sets `model_class` (a transformers class name), `configs`
-    ({name: () -> config}) and, where the family stores norms as offsets from 1, `norm_offset`;
+    ({name: () -> config}), where the family stores norms as offsets from 1, `norm_offset`, and
+    where sdpa lacks a feature (soft-capping), `attention = "eager"`;
     the `tiny` fixture (tests/models/conftest.py) builds each configuration once."""
 
     model_class: str = ""
     configs: dict = {}
     norm_offset: float = 1.0
+    attention: str = "sdpa"  # transformers' attention for the reference ("eager" where sdpa lacks a feature)
 
     def test_one_pass_logits_equal_transformers(self, tiny):
         model, reference, _, tokens = tiny
@@ -202,7 +211,7 @@ class TransformersParity:
             logits = quantized.eval(tokens.tolist(), logits="all")
         finally:
             quantized.close()
-        assert_quantized_close(logits, dequantized_reference(hf_dir, path, tokens))
+        assert_quantized_close(logits, dequantized_reference(hf_dir, path, tokens, self.attention))
 
     def test_tensor_names_are_llama_cpps_for_the_architecture(self, tiny):
         gguf = pytest.importorskip("gguf")

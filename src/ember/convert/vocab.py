@@ -53,7 +53,7 @@ def vocab_metadata(path: Path, arch: str, config: dict) -> dict[str, Any]:
     spm, hf_json = path / "tokenizer.model", path / "tokenizer.json"
     if spm.is_file() and arch != "gpt2":
         meta = _sentencepiece_vocab(path, n_vocab)
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             meta["tokenizer.ggml.add_space_prefix"] = False
     elif hf_json.is_file():
         tokenizer = read_json(hf_json)

@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "llama": "ember.models.llama",
     "qwen2": "ember.models.qwen2",
     "qwen3": "ember.models.qwen3",
+    "gemma2": "ember.models.gemma2",
     "gemma3": "ember.models.gemma3",
     "gpt2": "ember.models.gpt2",
     "olmo2": "ember.models.olmo2",

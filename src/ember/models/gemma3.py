@@ -16,6 +16,7 @@ from ember.errors import EmberError
 from ember.gguf.metadata import float_key, int_key
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DECODER_LAYER, DecoderConverter, get, require
+from ember.models.llama import qk_norm
 
 HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
 
@@ -28,44 +29,55 @@ def periodic_sliding(period: int, n_layer: int) -> list[bool]:
     return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
-def sliding_layers(metadata: dict, n_layer: int) -> list[bool]:
-    key = "gemma3.attention.sliding_window_pattern"
+def sliding_layers(metadata: dict, arch: str, n_layer: int, period: int = SLIDING_PATTERN) -> list[bool]:
+    """Per layer, whether it slides: {arch}.attention.sliding_window_pattern as a bool per layer or
+    a period, else `period`."""
+    key = f"{arch}.attention.sliding_window_pattern"
     pattern = metadata.get(key)
     if isinstance(pattern, (list, tuple)):
         pattern = np.asarray(pattern)
     if isinstance(pattern, np.ndarray) and pattern.ndim == 1 and pattern.dtype.kind in "biu":
         flags = [bool(v) for v in pattern]
         return flags[:n_layer] + [False] * (n_layer - len(flags))
-    return periodic_sliding(int_key(metadata, key, SLIDING_PATTERN, minimum=0), n_layer)
+    return periodic_sliding(int_key(metadata, key, period, minimum=0), n_layer)
 
 
-def attention_scale(b: Builder) -> float:
+def attention_scale(b: Builder, wide_n_layer: int) -> float:
     """1/sqrt(head_dim), or the file's attention.scale (query_pre_attn_scalar^-1/2 when they differ);
-    llama.cpp's rule for the 62-layer 27B model, whose files carry no scale, is 1/sqrt(n_embd/n_head)."""
+    llama.cpp's rule for the largest model (27B: wide_n_layer layers), whose files carry no scale,
+    is 1/sqrt(n_embd/n_head)."""
     hp = b.hp
-    scale = float_key(b.f.metadata, "gemma3.attention.scale", 0.0, non_negative=True)
+    scale = float_key(b.f.metadata, f"{hp.arch}.attention.scale", 0.0, non_negative=True)
     if scale:
         return scale
-    if hp.n_layer == 62:
+    if hp.n_layer == wide_n_layer:
         return 1.0 / math.sqrt(hp.n_embd / hp.n_head)
     return 1.0 / math.sqrt(hp.head_dim)
 
 
-def build(b: Builder) -> int:
-    hp, g = b.hp, b.g
-    sliding = sliding_layers(b.f.metadata, hp.n_layer) if hp.sliding_window > 0 else [False] * hp.n_layer
-    local_base = float_key(b.f.metadata, "gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE, positive=True)
-    scale = attention_scale(b)
+def build_gemma(b: Builder, period: int, wide_n_layer: int, local_base: float | None) -> int:
+    """The Gemma 2 / 3 decoder. period: the default sliding-window pattern; local_base: the RoPE
+    base of sliding layers without {arch}.rope.freq_base_swa (None: they rotate as the global ones,
+    scaling included; otherwise unscaled)."""
+    hp, g, meta = b.hp, b.g, b.f.metadata
+    sliding = sliding_layers(meta, hp.arch, hp.n_layer, period) if hp.sliding_window > 0 else [False] * hp.n_layer
+    swa_key = f"{hp.arch}.rope.freq_base_swa"
+    separate_local = local_base is not None or swa_key in meta
+    local_base = float_key(meta, swa_key, local_base or hp.rope_base, positive=True)
+    scale = attention_scale(b, wide_n_layer)
+    attn_cap = float_key(meta, f"{hp.arch}.attn_logit_softcapping", 0.0, non_negative=True)
     x = g.scale(g.get_rows(b.weight("token_embd.weight")), math.sqrt(hp.n_embd))
     for il in range(hp.n_layer):
         p = f"blk.{il}"
         local = sliding[il]
         h = b.rms_norm(x, f"{p}.attn_norm.weight")
-        q = b.rms_norm(b.linear(h, f"{p}.attn_q"), f"{p}.attn_q_norm.weight", group=hp.head_dim)
-        k = b.rms_norm(b.linear(h, f"{p}.attn_k"), f"{p}.attn_k_norm.weight", group=hp.head_dim)
+        q, k = qk_norm(b, p, b.linear(h, f"{p}.attn_q"), b.linear(h, f"{p}.attn_k"))
         v = b.linear(h, f"{p}.attn_v")
-        q, k = b.rope_qk(q, k, True, local_base if local else None, scaled=not local)
-        a = b.attention(q, k, v, window=hp.sliding_window if local else 0, scale=scale)
+        if local and separate_local:
+            q, k = b.rope_qk(q, k, True, local_base, scaled=False)
+        else:
+            q, k = b.rope_qk(q, k, True)
+        a = b.attention(q, k, v, window=hp.sliding_window if local else 0, scale=scale, softcap=attn_cap)
         a = b.rms_norm(b.linear(a, f"{p}.attn_output"), f"{p}.post_attention_norm.weight")
         x = g.add(x, a)
         h = b.rms_norm(x, f"{p}.ffn_norm.weight")
@@ -73,8 +85,12 @@ def build(b: Builder) -> int:
         x = g.add(x, m)
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
     logits = g.matmul(b.output_weight(), x)
-    cap = float_key(b.f.metadata, f"{hp.arch}.final_logit_softcapping", 0.0, non_negative=True)
+    cap = float_key(meta, f"{hp.arch}.final_logit_softcapping", 0.0, non_negative=True)
     return g.softcap(logits, cap) if cap > 0 else logits
+
+
+def build(b: Builder) -> int:
+    return build_gemma(b, SLIDING_PATTERN, wide_n_layer=62, local_base=LOCAL_ROPE_BASE)
 
 
 def hparams(f) -> HParams:
@@ -103,7 +119,7 @@ class Converter(DecoderConverter):
         super().__init__(config)
         if config.get("attn_logit_softcapping") is not None:
             raise EmberError("Gemma 3 with attn_logit_softcapping is not supported")
-        self.sliding = _hf_sliding_layers(config, self.n_layer)
+        self.sliding = hf_sliding_layers(config, self.n_layer)
 
     def metadata(self) -> dict[str, Any]:
         c, a = self.config, self.arch
@@ -139,12 +155,12 @@ class Converter(DecoderConverter):
         return hf_name.endswith("norm.weight")
 
 
-def _hf_sliding_layers(config: dict, n_layer: int) -> list[bool]:
-    """Per layer: True for sliding-window attention (config layer_types, else every 6th is global)."""
+def hf_sliding_layers(config: dict, n_layer: int, period: int = SLIDING_PATTERN) -> list[bool]:
+    """Per layer: True for sliding-window attention (config layer_types, else every period-th is global)."""
     layer_types = config.get("layer_types")
     if layer_types:
         if len(layer_types) != n_layer:
             raise EmberError(f"config.json layer_types has {len(layer_types)} entries for {n_layer} layers")
         return [t == "sliding_attention" for t in layer_types]
-    pattern = int(get(config, "sliding_window_pattern", "_sliding_window_pattern", default=SLIDING_PATTERN))
+    pattern = int(get(config, "sliding_window_pattern", "_sliding_window_pattern", default=period))
     return periodic_sliding(pattern, n_layer)

@@ -1,0 +1,25 @@
+"""Gemma 2 against transformers: attention and final-logit soft-capping, sliding window 8 < 40
+tokens on alternating layers (even ones slide), post-norms, GQA and MHA, tied LM head."""
+
+import transformers
+from parity import TransformersParity
+
+
+class TestGemma2(TransformersParity):
+    model_class = "Gemma2ForCausalLM"
+    norm_offset = 0.0  # Gemma2RMSNorm scales by (1 + w)
+    attention = "eager"  # sdpa does not soft-cap
+    configs = {
+        # caps low enough that they bite: random scores reach ~2, logits ~5
+        "gemma2": lambda: transformers.Gemma2Config(
+            vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=48, query_pre_attn_scalar=48,
+            max_position_embeddings=256, sliding_window=8, attn_logit_softcapping=1.5,
+            final_logit_softcapping=3.0),
+        # multi-head attention, an odd number of layers (the last one slides), window 6
+        "gemma2-mha": lambda: transformers.Gemma2Config(
+            vocab_size=320, hidden_size=96, intermediate_size=192, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, head_dim=32, query_pre_attn_scalar=32,
+            max_position_embeddings=128, sliding_window=6, attn_logit_softcapping=2.0,
+            final_logit_softcapping=4.0),
+    }
