@@ -210,16 +210,23 @@ class Builder:
         if not scaled:
             return g.rope(x, hp.head_dim, hp.rope_dims, neox, base, 1.0, -1)
         s = hp.rope_scaling
-        if s.kind == "yarn":
-            factors = self.constant(f"rope_yarn.{base:g}", yarn_divisors(s, hp.rope_dims, base))
-        elif s.kind == "longrope":
-            factors = self.vector(longrope_factors_name(s, self.n_ctx))
-        else:
-            factors = self.vector("rope_freqs.weight", optional=True)
+        factors = self._rope_factors(base)
         factor = mscale(s)
         if factor != 1.0:
             x = self._scale_rotated(x, n_heads, factor)
         return g.rope(x, hp.head_dim, hp.rope_dims, neox, base, hp.rope_freq_scale, factors)
+
+    def _rope_factors(self, base: float) -> int:
+        """The per-pair divisors: YaRN's; else the file's rope_freqs.weight (Llama 3); else LongRoPE's
+        long or short factors for this context (as llama.cpp, also where the file names no scaling
+        type: Phi-3's converter writes none); else none (-1)."""
+        s = self.hp.rope_scaling
+        if s.kind == "yarn":
+            return self.constant(f"rope_yarn.{base:g}", yarn_divisors(s, self.hp.rope_dims, base))
+        if self.has("rope_freqs.weight"):
+            return self.vector("rope_freqs.weight")
+        name = longrope_factors_name(s, self.n_ctx)
+        return self.vector(name, optional=s.kind != "longrope")
 
     def _scale_rotated(self, x: int, n_heads: int, factor: float) -> int:
         """x with the rotated dimensions of each head times factor: as rotation is linear, this scales

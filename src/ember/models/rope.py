@@ -11,8 +11,9 @@ with an optional vector of per-pair divisors d_i. Every scaling is expressed thr
   cos and sin are scaled by mscale = (1 + 0.1 ln factor) * attn_factor (llama.cpp's llama_context
   and ggml's rope_yarn).
 - longrope (Phi-3 "su"): rope_factors_long.weight divides the frequencies when the context is
-  longer than the original one, rope_factors_short.weight otherwise; cos and sin are scaled by
-  rope.scaling.attn_factor.
+  longer than the original one, rope_factors_short.weight otherwise (Phi-3 files carry the
+  factors but no scaling type, as llama.cpp's converter writes them); cos and sin are scaled by
+  rope.scaling.attn_factor (which scales them under any other type too).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ LONGROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 class RopeScaling:
     kind: str = "none"
     factor: float = 1.0
-    original_context: int = 0  # the context the model was trained with before scaling
+    original_context: int = 0  # the context the model was trained with before scaling (the file's, if none)
     attn_factor: float = 1.0  # rope.scaling.attn_factor: multiplies cos and sin
     ext_factor: float = 1.0  # YaRN: weight of the extrapolated angle in the ramp
     beta_fast: float = 32.0
@@ -43,14 +44,6 @@ class RopeScaling:
     def freq_scale(self) -> float:
         """The rope op's freq_scale (YaRN's interpolation is in its divisors instead)."""
         return 1.0 / self.factor if self.kind == "linear" else 1.0
-
-    def describe(self) -> str:
-        if self.kind == "none":
-            return "none"
-        text = f"{self.kind} x{self.factor:g}" if self.kind != "longrope" else "longrope"
-        if self.original_context:
-            text += f" (from {self.original_context})"
-        return text
 
 
 def read_scaling(meta, arch: str, n_ctx_train: int) -> RopeScaling:
@@ -68,7 +61,7 @@ def read_scaling(meta, arch: str, n_ctx_train: int) -> RopeScaling:
         raise GGUFError(f"metadata key {key('factor')} is {factor}; YaRN scaling needs a factor >= 1")
     beta_fast = float_key(meta, key("yarn_beta_fast"), 32.0, positive=True)
     beta_slow = float_key(meta, key("yarn_beta_slow"), 1.0, positive=True)
-    return RopeScaling(kind=kind, factor=factor, original_context=original if kind != "none" else 0,
+    return RopeScaling(kind=kind, factor=factor, original_context=original,
                        attn_factor=float_key(meta, key("attn_factor"), 1.0, positive=True),
                        ext_factor=float_key(meta, key("yarn_ext_factor"), 1.0, non_negative=True),
                        beta_fast=beta_fast, beta_slow=beta_slow)
