@@ -1,5 +1,6 @@
 """LLaMA family against transformers: GQA, tied and untied LM heads, attention and MLP biases,
-linear and Llama 3 RoPE scaling, head_dim != hidden/heads."""
+linear, Llama 3 and YaRN RoPE scaling (Llama 3 and YaRN past an original context of 16 < 40
+tokens), head_dim != hidden/heads; Mistral's sliding window."""
 
 import transformers
 from parity import TransformersParity
@@ -22,4 +23,22 @@ class TestLlama(TransformersParity):
             rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 16}),
+    }
+
+
+class TestMistral(TransformersParity):
+    """Mistral: the LLaMA graph with a sliding window (6 < 40 tokens), and YaRN past its original context."""
+
+    model_class = "MistralForCausalLM"
+    configs = {
+        "mistral-window": lambda: transformers.MistralConfig(
+            vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+            num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256, sliding_window=6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False),
+        "mistral-yarn": lambda: transformers.MistralConfig(
+            vocab_size=320, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+            sliding_window=None, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 16.0, "beta_slow": 2.0}),
     }

@@ -33,6 +33,7 @@ ARCHITECTURES = {
     "olmo2": "ember.models.olmo2",
     "starcoder2": "ember.models.starcoder2",
     "phi2": "ember.models.phi2",
+    "granite": "ember.models.granite",
     "phi3": "ember.models.phi3",
 }
 

@@ -1,17 +1,35 @@
-"""LLaMA family (SmolLM2, TinyLlama, DeepSeek-LLM, Llama 2/3): pre-norm decoder with RMSNorm,
-rotary attention (GQA) and a SwiGLU MLP. The LM head may be tied to the token embedding."""
+"""LLaMA family (SmolLM2, TinyLlama, DeepSeek-LLM, Llama 2/3.x, Mistral): pre-norm decoder with
+RMSNorm, rotary attention (GQA) and a SwiGLU MLP. The LM head may be tied to the token embedding;
+RoPE may be scaled (linear, YaRN, Llama 3's rope_freqs.weight: models/rope.py); attention slides
+over the last llama.attention.sliding_window positions where the file gives one (Mistral 7B v0.1)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DecoderConverter, llama3_rope_factors, permute_rope_rows
 
-HF_ARCHITECTURES = ("LlamaForCausalLM",)
+HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
 
-def attention_layer(b: Builder, x: int, il: int, neox: bool) -> int:
+@dataclass(frozen=True)
+class Multipliers:
+    """Granite's scalings of the LLaMA decoder (GGUF {arch}.embedding_scale, .residual_scale,
+    .attention.scale, .logit_scale): embeddings times `embedding`, each attention and MLP output
+    times `residual` before it joins the residual stream, attention scores times `attention`
+    (None: 1/sqrt(head_dim)), logits divided by `logit`."""
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    attention: float | None = None
+    logit: float = 1.0
+
+
+def attention_layer(b: Builder, x: int, il: int, neox: bool, m: Multipliers = Multipliers()) -> int:
     """x + Attention(RMSNorm(x)); projections take biases when the file has them (Qwen2), queries
     and keys a per-head RMSNorm before RoPE when it has attn_q_norm / attn_k_norm (Qwen3); a
     sliding window where the file gives attention.sliding_window (Mistral)."""
@@ -20,7 +38,12 @@ def attention_layer(b: Builder, x: int, il: int, neox: bool) -> int:
     q, k = qk_norm(b, p, b.linear(h, f"{p}.attn_q"), b.linear(h, f"{p}.attn_k"))
     q, k = b.rope_qk(q, k, neox)
     v = b.linear(h, f"{p}.attn_v")
-    return b.g.add(x, b.linear(b.attention(q, k, v, window=b.hp.sliding_window), f"{p}.attn_output"))
+    out = b.linear(b.attention(q, k, v, window=b.hp.sliding_window, scale=m.attention), f"{p}.attn_output")
+    return b.g.add(x, scaled(b, out, m.residual))
+
+
+def scaled(b: Builder, x: int, factor: float) -> int:
+    return x if factor == 1.0 else b.g.scale(x, factor)
 
 
 def qk_norm(b: Builder, p: str, q: int, k: int) -> tuple[int, int]:
@@ -32,15 +55,15 @@ def qk_norm(b: Builder, p: str, q: int, k: int) -> tuple[int, int]:
             b.rms_norm(k, f"{p}.attn_k_norm.weight", group=head_dim))
 
 
-def build_decoder(b: Builder, neox: bool) -> int:
-    x = b.g.get_rows(b.weight("token_embd.weight"))
+def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers()) -> int:
+    x = scaled(b, b.g.get_rows(b.weight("token_embd.weight")), m.embedding)
     for il in range(b.hp.n_layer):
-        x = attention_layer(b, x, il, neox)
+        x = attention_layer(b, x, il, neox, m)
         h = b.rms_norm(x, f"blk.{il}.ffn_norm.weight")
-        x = b.g.add(x, b.gated_mlp(h, f"blk.{il}"))
+        x = b.g.add(x, scaled(b, b.gated_mlp(h, f"blk.{il}"), m.residual))
     # Only the rows whose logits are wanted go through the final norm and the LM head.
     x = b.rms_norm(b.g.select_outputs(x), "output_norm.weight")
-    return b.g.matmul(b.output_weight(), x)
+    return scaled(b, b.g.matmul(b.output_weight(), x), 1.0 / m.logit)
 
 
 def build(b: Builder) -> int:
@@ -66,6 +89,13 @@ class Converter(DecoderConverter):
 
     def transforms(self, hf_name: str) -> bool:
         return hf_name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"))
+
+    def metadata(self) -> dict[str, Any]:
+        meta = super().metadata()
+        # Mistral's sliding window (llama.cpp's converter leaves it out and attends to everything)
+        if self.config.get("sliding_window"):
+            meta[f"{self.arch}.attention.sliding_window"] = int(self.config["sliding_window"])
+        return meta
 
     def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
         rope = self.rope.get("full_attention", self.rope)
