@@ -194,3 +194,23 @@ def test_features_the_metadata_switches_on_are_named(capsys, tmp_path):
 def test_a_file_without_features_shows_a_dash(capsys, tiny_model):
     _, out, _ = run(capsys, tiny_model)
     assert "features       -" in out.splitlines()
+
+
+@pytest.mark.parametrize("arch, metadata, expected", [
+    ("gemma2", {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "attention.sliding_window": 4096},
+     "post-norms, attention soft-cap 50, sliding window 4096, logit soft-cap 30"),
+    ("phi3", {"rope.scaling.attn_factor": 1.1902380714238083, "rope.scaling.original_context_length": 4096,
+              "embedding_length": 3072, "attention.head_count": 24, "rope.dimension_count": 96},
+     "fused QKV and gate-up, RoPE scaling longrope (attention factor 1.19, from 4096), "
+     "partial rotary (96 of 128 dimensions)"),
+    ("granite", {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125, "logit_scale": 8.0},
+     "embedding x12, residual x0.22, attention scale 0.0078125, logits /8"),
+    ("qwen3", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, "per-head Q/K RMSNorm, RoPE scaling yarn x4"),
+])
+def test_an_architectures_own_features_are_named(capsys, tmp_path, arch, metadata, expected):
+    w = GGUFWriter(tmp_path / "f.gguf", arch)
+    for key, value in metadata.items():
+        w.add(f"{arch}.{key}", value)
+    code, out, _ = run(capsys, w.write())
+    assert code == 0
+    assert {line[:14].strip(): line[15:] for line in out.splitlines()}["features"] == expected

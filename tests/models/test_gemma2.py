@@ -9,6 +9,7 @@ class TestGemma2(TransformersParity):
     model_class = "Gemma2ForCausalLM"
     norm_offset = 0.0  # Gemma2RMSNorm scales by (1 + w)
     attention = "eager"  # sdpa does not soft-cap
+    tokenizer = "sentencepiece"  # llama.cpp's converter reads only tokenizer.model for Gemma 2
     configs = {
         # caps low enough that they bite: random scores reach ~2, logits ~5
         "gemma2": lambda: transformers.Gemma2Config(

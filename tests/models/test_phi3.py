@@ -16,6 +16,7 @@ def longrope(original: int, n_pairs: int) -> dict:
 
 class TestPhi3(TransformersParity):
     model_class = "Phi3ForCausalLM"
+    tokenizer = "sentencepiece"  # llama.cpp's converter reads only tokenizer.model for Phi-3
     configs = {
         # Phi-4-mini's shape: GQA, tied head, 12 of 16 dimensions rotated, long factors (context 64 > 16)
         "phi4-mini": lambda: transformers.Phi3Config(

@@ -10,17 +10,24 @@ import math
 from typing import Any
 
 from ember.errors import EmberError
+from ember.gguf.metadata import float_key
 from ember.models import gemma3
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import require
 
 HF_ARCHITECTURES = ("Gemma2ForCausalLM",)
+FEATURES = ("post-norms",)
 SLIDING_PATTERN = 2
 WIDE_N_LAYER = 46  # the 27B model: llama.cpp scales its queries by 1/sqrt(n_embd / n_head)
 
 
 def build(b: Builder) -> int:
     return gemma3.build_gemma(b, SLIDING_PATTERN, WIDE_N_LAYER, local_base=None)
+
+
+def features(metadata: dict) -> list[str]:
+    cap = float_key(metadata, "gemma2.attn_logit_softcapping", 0.0, non_negative=True)
+    return [f"attention soft-cap {cap:g}"] if cap else []
 
 
 def hparams(f) -> HParams:

@@ -12,7 +12,6 @@ from ember.models import llama
 from ember.models.blocks import Builder, HParams
 
 HF_ARCHITECTURES = ("GraniteForCausalLM",)
-FEATURES = ("embedding, residual, attention and logit multipliers",)
 
 
 def multipliers(b: Builder) -> llama.Multipliers:
@@ -23,6 +22,17 @@ def multipliers(b: Builder) -> llama.Multipliers:
         residual=float_key(meta, f"{a}.residual_scale", 0.0, non_negative=True) or 1.0,
         attention=attention or None,
         logit=float_key(meta, f"{a}.logit_scale", 1.0, positive=True))
+
+
+def features(metadata: dict) -> list[str]:
+    a = "granite"
+    names = []
+    for label, key in (("embedding x", "embedding_scale"), ("residual x", "residual_scale"),
+                       ("attention scale ", "attention.scale"), ("logits /", "logit_scale")):
+        value = float_key(metadata, f"{a}.{key}", 0.0, non_negative=True)
+        if value:
+            names.append(f"{label}{value:g}")
+    return names
 
 
 def build(b: Builder) -> int:

@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from ember.errors import EmberError
+from ember.gguf.metadata import float_key, int_key
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DECODER_LAYER, DecoderConverter, get, require
 
 HF_ARCHITECTURES = ("Phi3ForCausalLM",)
+FEATURES = ("fused QKV and gate-up",)
 
 
 def build(b: Builder) -> int:
@@ -38,6 +40,15 @@ def build(b: Builder) -> int:
         x = g.add(x, b.linear(gated, f"{p}.ffn_down"))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
     return g.matmul(b.output_weight(), x)
+
+
+def features(metadata: dict) -> list[str]:
+    """LongRoPE: the converter writes its attention factor with the factors."""
+    factor = float_key(metadata, "phi3.rope.scaling.attn_factor", 0.0, non_negative=True)
+    if not factor:
+        return []
+    original = int_key(metadata, "phi3.rope.scaling.original_context_length", None)
+    return [f"RoPE scaling longrope (attention factor {factor:.4g}" + (f", from {original})" if original else ")")]
 
 
 def hparams(f) -> HParams:

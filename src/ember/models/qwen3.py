@@ -11,6 +11,7 @@ from ember.models.hf import DECODER_LAYER, DecoderConverter
 from ember.models.llama import build_decoder
 
 HF_ARCHITECTURES = ("Qwen3ForCausalLM",)
+FEATURES = ("per-head Q/K RMSNorm",)
 HF_LAYER = {**DECODER_LAYER, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
