@@ -141,7 +141,7 @@ class PyGraph {
     return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, RopeParams{head_dim, n_rot, neox, base, freq_scale});
   }
   int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
-                    float scale, int32_t window, float softcap) {
+                    float scale, int32_t window, float softcap, bool causal) {
     const Tensor &tq = token_rows(q), &tk = token_rows(k), &tv = token_rows(v);
     if (n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head)
       throw std::invalid_argument("attention: bad head counts");
@@ -154,6 +154,7 @@ class PyGraph {
     p.window = window;
     p.scale = scale;
     p.softcap = softcap;
+    p.causal = causal;
     return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, p);
   }
   // Routing (models/moe.py) and the expert matmul (ops/routing.cpp, ops/matmul_id.cpp).
@@ -546,7 +547,7 @@ NB_MODULE(_core, m) {
       .def(op_name(Op::Rope), &PyGraph::rope, "x"_a, "head_dim"_a, "n_rot"_a, "neox"_a, "base"_a, "freq_scale"_a = 1.0f,
            "factors"_a = -1)
       .def(op_name(Op::Attention), &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
-           "scale"_a, "window"_a = 0, "softcap"_a = 0.0f)
+           "scale"_a, "window"_a = 0, "softcap"_a = 0.0f, "causal"_a = true)
       .def(op_name(Op::SelectOutputs), &PyGraph::select_outputs)
       .def("view", &PyGraph::view, "x"_a, "col_offset"_a, "n_cols"_a)
       .def("reshape", &PyGraph::reshape, "x"_a, "ne0"_a)

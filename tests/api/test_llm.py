@@ -7,7 +7,7 @@ import pytest
 
 import ember
 from ember.engine.sampling import InvalidParameter
-from ember.errors import EmberError, ModelNotFound
+from ember.errors import EmberError, EmberWarning, ModelNotFound
 from fake_llm import BOS, EOS, N_VOCAB, ByteTokenizer, TagTemplate, continuation, fake_llm
 from paths import FIXTURES
 
@@ -336,3 +336,70 @@ def test_negative_max_tokens_is_refused_not_unlimited(max_tokens):
     # None is "until the model stops"; -1 used to mean that too, silently
     with pytest.raises(EmberError, match=r"max_tokens must be a count >= 0, or None for no limit"):
         completing("Say:", b"Hello").generate("Say:", max_tokens=max_tokens)
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm_llm():
+    from encoder_models import minilm_gguf
+
+    with ember.LLM(minilm_gguf(), n_threads=2) as llm:
+        yield llm
+
+
+@pytest.mark.model
+def test_embed_gives_a_vector_for_a_text_and_a_list_for_a_list(minilm_llm):
+    one = minilm_llm.embed("Hello, world!")
+    many = minilm_llm.embed(["Hello, world!", "Goodbye"])
+    assert len(one) == 384 and isinstance(one[0], float) and abs(np.linalg.norm(one) - 1) < 1e-5
+    assert len(many) == 2 and np.allclose(many[0], one, atol=1e-6)
+
+
+@pytest.mark.model
+def test_embed_without_normalisation_keeps_the_length(minilm_llm):
+    raw = np.array(minilm_llm.embed("Hello, world!", normalize=False))
+    assert np.linalg.norm(raw) > 1.5
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), minilm_llm.embed("Hello, world!"), atol=1e-6)
+
+
+@pytest.mark.model
+def test_create_embedding_is_openai_shaped_and_base64_is_the_float32_bytes(minilm_llm):
+    import base64
+
+    plain = minilm_llm.create_embedding(["a cat", "a dog"])
+    assert plain["model"] == minilm_llm.name and [d["index"] for d in plain["data"]] == [0, 1]
+    assert plain["usage"]["prompt_tokens"] == plain["usage"]["total_tokens"] == 8
+    encoded = minilm_llm.create_embedding(["a cat", "a dog"], encoding_format="base64")
+    decoded = np.frombuffer(base64.b64decode(encoded["data"][1]["embedding"]), "<f4")
+    np.testing.assert_array_equal(decoded, np.array(plain["data"][1]["embedding"], np.float32))
+
+
+@pytest.mark.model
+def test_create_embedding_takes_token_ids(minilm_llm):
+    ids = minilm_llm.tokenize("a cat")
+    by_ids = minilm_llm.create_embedding([ids, ids])["data"]
+    assert by_ids[0]["embedding"] == minilm_llm.create_embedding("a cat")["data"][0]["embedding"]
+
+
+@pytest.mark.model
+def test_dimensions_other_than_the_models_are_refused_naming_them(minilm_llm):
+    with pytest.raises(EmberError, match="dimensions=128 is not supported"):
+        minilm_llm.create_embedding("a cat", dimensions=128)
+    assert len(minilm_llm.create_embedding("a cat", dimensions=384)["data"][0]["embedding"]) == 384
+
+
+@pytest.mark.model
+def test_an_encoder_does_not_generate(minilm_llm):
+    with pytest.raises(EmberError, match="is an embedding model .*use embed"):
+        minilm_llm.generate("Hello")
+
+
+@pytest.mark.model
+def test_a_generation_model_embeds_with_its_default_pooling_and_keeps_generating():
+    with ember.LLM("smollm2-135m", n_ctx=256, n_threads=2) as llm:
+        before = llm.generate("The capital of France is", max_tokens=8, temperature=0)
+        with pytest.warns(EmberWarning, match="no llama.pooling_type .*embedding with mean pooling"):
+            vector = llm.embed("The capital of France is")
+        assert len(vector) == 576 and abs(np.linalg.norm(vector) - 1) < 1e-5
+        assert llm.generate("The capital of France is", max_tokens=8, temperature=0) == before

@@ -504,8 +504,8 @@ def test_missing_config_is_one_clear_error(tmp_path, capsys):
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
-    with pytest.raises(EmberError, match="'BertModel'.*LlamaForCausalLM"):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(EmberError, match="'MambaForCausalLM'.*BertModel.*LlamaForCausalLM"):
         convert(tmp_path, tmp_path / "out.gguf", "f32")
 
 

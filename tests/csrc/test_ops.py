@@ -448,14 +448,15 @@ def test_view_of_a_weight_is_rejected():
 class ReferenceAttention:
     """numpy model of the core's attention layer: an F16 KV cache of n_seq sequences x n_ctx
     positions. A batch first writes its K/V rows at (seq, position), then every (token, head)
-    attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window);
-    query head h reads KV head h // (n_head / n_kv_head)."""
+    attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window;
+    not causal: all of 0 .. the last position of its sequence in the batch); query head h reads KV
+    head h // (n_head / n_kv_head)."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 round_to_f16=True):
+                 round_to_f16=True, causal=True):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.window, self.softcap, self.round_to_f16 = window, softcap, round_to_f16
+        self.window, self.softcap, self.round_to_f16, self.causal = window, softcap, round_to_f16, causal
         self.k = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
         self.v = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
 
@@ -470,6 +471,8 @@ class ReferenceAttention:
         out = np.zeros((len(q), self.n_head, self.head_dim))
         for t, (pos, seq) in enumerate(zip(positions, seq_ids)):
             first = max(0, pos - self.window + 1) if self.window > 0 else 0
+            if not self.causal:
+                pos = max(p for p, s in zip(positions, seq_ids) if s == seq)
             for h in range(self.n_head):
                 keys, values = self.k[seq, first:pos + 1, h // group], self.v[seq, first:pos + 1, h // group]
                 scores = keys @ q[t, h * self.head_dim:(h + 1) * self.head_dim].astype(np.float64) * self.scale
@@ -488,11 +491,11 @@ class CoreAttention:
     """A graph of one attention layer over inputs q, k, v, planned for max_tokens per batch."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 max_tokens=64, n_threads=2):
+                 max_tokens=64, n_threads=2, causal=True):
         self.g = _core.Graph(n_threads)
         q, k, v = (self.g.input(n * head_dim) for n in (n_head, n_kv_head, n_kv_head))
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap))
+        self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap, causal))
         self.g.plan(max_tokens, max_tokens, n_ctx, n_seq)
 
     def __call__(self, q, k, v, positions, seq_ids):
@@ -582,6 +585,21 @@ def test_sliding_window_of_one_returns_the_tokens_own_value(isa):
     q, k, v = qkv(9, 2, 2, 8)
     out = core(q, k, v, np.arange(9), np.zeros(9, int))
     np.testing.assert_allclose(out, v.astype(np.float16).astype(np.float32), rtol=1e-6)
+
+
+def test_non_causal_attention_sees_its_whole_sequence_and_no_other(isa):
+    """Encoders: sequences of 5, 12 and 16 tokens in one batch (token order mixed), each token
+    attending to every position of its own sequence."""
+    lengths = (5, 12, 16)
+    seq_ids = np.concatenate([np.full(n, s) for s, n in enumerate(lengths)])
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    order = np.random.default_rng(1).permutation(len(seq_ids))
+    core, ref = both(4, 2, 16, 32, n_seq=3, causal=False)
+    q, k, v = qkv(len(order), 4, 2, 16, seed=3)
+    out, expected = both_run(core, ref, q, k, v, positions[order], seq_ids[order])
+    assert_attention_close(out, expected, v)
+    causal = ReferenceAttention(4, 2, 16, 32, n_seq=3)(q, k, v, positions[order], seq_ids[order])
+    assert not np.allclose(out, causal, **attention_tolerance(v))
 
 
 def test_attention_logit_softcap(isa):

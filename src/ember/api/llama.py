@@ -70,8 +70,6 @@ class Llama:
         if n_threads_batch is not None and n_threads_batch != n_threads:
             raise Unsupported(f"n_threads_batch={n_threads_batch}: ember uses the same threads (n_threads) for "
                               "prompts and generation")
-        if embedding:
-            raise Unsupported("embedding=True: ember has no embedding API yet (create_embedding, embed)")
         self.model_path = str(model_path)
         self.verbose = verbose
         self.chat_format = chat_format
@@ -271,10 +269,12 @@ class Llama:
         return result
 
     def create_embedding(self, input: Any, model: str | None = None) -> dict:
-        raise Unsupported("create_embedding: ember has no embedding API yet")
+        """OpenAI's embedding response for a text or a list of texts (see LLM.create_embedding)."""
+        return self._llm.create_embedding(input, model=model or self.model_path)
 
-    def embed(self, input: Any, *args: Any, **kwargs: Any) -> list:
-        raise Unsupported("embed: ember has no embedding API yet")
+    def embed(self, input: Any, normalize: bool = True, truncate: bool = True, return_count: bool = False):
+        """The embedding of a text (a list of floats), or of each of a list of texts (see LLM.embed)."""
+        return self._llm.embed(input, normalize=normalize, truncate=truncate, return_count=return_count)
 
     # -- lifetime ----------------------------------------------------------------------------
 

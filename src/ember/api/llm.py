@@ -7,7 +7,8 @@
         print(piece, end="", flush=True)
 
 `create_completion` and `create_chat_completion` return OpenAI-shaped dicts (or iterators of
-chunks with stream=True). An LLM holds one KV-cache sequence: a request that shares a prefix
+chunks with stream=True); `embed` and `create_embedding` the embeddings of texts (an encoder such
+as BERT, or a generation model's pooled hidden states). An LLM holds one KV-cache sequence: a request that shares a prefix
 with the previous one (a chat history) only evaluates what is new. It is not thread-safe:
 start a request only once the previous one is finished (a newer request ends an unfinished
 stream).
@@ -21,8 +22,10 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ember.api.openai_format import ResponseFormat, usage
+from ember.api.openai_format import ENCODING_FORMATS, ResponseFormat, embedding_response, usage
 from ember.api.reasoning import check_format, prompt_opens_thoughts
+from ember.engine.embed import Embedder, Embedding
+from ember.engine.runtime import Model
 from ember.api.tool_calls import ChatTools, ToolError, ToolRequest, ToolStyle, tool_style
 from ember.engine.constraints import Grammar, grammar_from_request
 from ember.engine.generate import Generation, SequenceCache, SequenceState
@@ -60,15 +63,18 @@ class LLM:
     use_mmap: map the file (default) or, False, read it into memory; use_mlock: lock it in RAM.
     chat_template: instead of the model's template, a built-in format's name (chatml, llama3,
       gemma, ...), a template file or template text.
+    pooling: how embed() turns token states into one vector: none, mean, cls or last (default: the
+      file's <arch>.pooling_type, else mean with a warning).
     """
 
     def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
                  seed: int | None = None, n_batch: int = 512, activations: str = "int8", use_mmap: bool = True,
-                 use_mlock: bool = False, chat_template: str | None = None):
+                 use_mlock: bool = False, chat_template: str | None = None, pooling: str | None = None):
         loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations,
                             use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template)
         self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed)
         self._template_override = chat_template  # parsed on first use, like the file's own
+        self._pooling = pooling
 
     @classmethod
     def from_loaded(cls, loaded: Loaded, seed: int | None = None) -> "LLM":
@@ -92,6 +98,8 @@ class LLM:
         self._template_override: str | None = None
         self._seeds = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
         self._cache = SequenceCache(model)
+        self._embedder: Embedder | None = None
+        self._pooling: str | None = None
 
     # -- properties --------------------------------------------------------------------------
 
@@ -199,6 +207,9 @@ class LLM:
                    logprobs: int | None = None, keep_special: bool = False) -> Generation:
         """A `Generation` (an iterator of chunks with counts and timings) for a prompt: text (str, or
         UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text."""
+        if getattr(self.model, "is_encoder", False):
+            raise EmberError(f"{self.name} is an embedding model ({self.model.hp.arch}); it cannot generate "
+                             "text: use embed() or create_embedding()")
         tokens = self.prompt_tokens(_text(prompt)) if isinstance(prompt, (str, bytes)) else prompt
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
@@ -315,6 +326,60 @@ class LLM:
                                   thinking=thinking)
         return _respond(generation, response, stream)
 
+    # -- embeddings --------------------------------------------------------------------------
+
+    EMBED_SLOTS = 8  # texts a generation model embeds in one run
+
+    @property
+    def embedder(self) -> Embedder:
+        """What embeds texts: the model itself when it is an encoder; for a generation model a second
+        graph over the same mapped weights that returns the normed hidden states (built on first use)."""
+        if self._embedder is None:
+            model = self.model
+            if not model.embeddings:
+                model = Model(model.gguf, n_ctx=model.n_ctx, n_threads=model.n_threads, n_seq=self.EMBED_SLOTS,
+                              n_batch=model.n_batch, activations=model.activations, embeddings=True)
+            self._embedder = Embedder(model, self.tokenizer, pooling=self._pooling, name=self.name)
+        return self._embedder
+
+    def embeddings(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+                   truncate: bool = False) -> list[Embedding]:
+        """The pooled, normalised embedding of each input (a text or token ids), with its token count."""
+        inputs = _embedding_inputs(input)
+        embedder = self.embedder
+        return embedder.embed_tokens([embedder.tokenize(_text(x), truncate) if isinstance(x, (str, bytes))
+                                      else list(x) for x in inputs])
+
+    def embed(self, input: str | Sequence[str], normalize: bool = True, truncate: bool = True,
+              return_count: bool = False):
+        """llama-cpp-python's embed: a list of floats for one text, a list of them for a list of texts
+        (per token lists where the model pools nothing); normalize=False leaves them unscaled;
+        truncate cuts inputs to what the model embeds at once; return_count adds the token count."""
+        embedder = self.embedder
+        embedder.normalize, was = normalize, embedder.normalize
+        try:
+            found = self.embeddings(input, truncate=truncate)
+        finally:
+            embedder.normalize = was
+        vectors = [e.vector.tolist() for e in found]
+        result = vectors[0] if isinstance(input, (str, bytes)) else vectors
+        return (result, sum(e.n_tokens for e in found)) if return_count else result
+
+    def create_embedding(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+                         model: str | None = None, encoding_format: str = "float",
+                         dimensions: int | None = None) -> dict:
+        """OpenAI's /v1/embeddings response (as llama-cpp-python's create_embedding) for one input or
+        a list: texts or token ids. `dimensions` must be the model's embedding length, as no
+        embedding is shortened."""
+        if encoding_format not in ENCODING_FORMATS:
+            raise EmberError(f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, got {encoding_format!r}")
+        if dimensions is not None and dimensions != self.embedder.n_embd:
+            raise EmberError(f"dimensions={dimensions} is not supported: {self.name}'s embeddings have "
+                             f"{self.embedder.n_embd} dimensions and ember does not shorten them")
+        found = self.embeddings(input)
+        return embedding_response([e.vector for e in found], model or self.name, sum(e.n_tokens for e in found),
+                                  encoding_format)
+
     # -- lifetime ----------------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -322,6 +387,8 @@ class LLM:
         self._cache.clear()
 
     def close(self) -> None:
+        if self._embedder is not None and self._embedder.model is not self.model:
+            self._embedder.model.graph = None  # the file is the generation model's, closed below
         close = getattr(self.model, "close", None)
         if close:
             close()
@@ -336,6 +403,20 @@ class LLM:
 def load(model: str | os.PathLike, **kwargs) -> LLM:
     """`LLM(model, **kwargs)`: load a registry model or a .gguf file."""
     return LLM(model, **kwargs)
+
+
+def _embedding_inputs(value) -> list:
+    """One input (a text or token ids) or a list of them, as a list of inputs."""
+    if isinstance(value, (str, bytes)):
+        return [value]
+    items = list(value)
+    if not items:
+        raise EmberError("no input to embed")
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
+        return [items]
+    if all(isinstance(v, (str, bytes, list, tuple, np.ndarray)) for v in items):
+        return items
+    raise EmberError("the input to embed must be a text, token ids, or a list of texts or of token id lists")
 
 
 def _text(text: str | bytes) -> str:

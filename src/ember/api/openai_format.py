@@ -20,14 +20,20 @@ build their responses here, so both speak the same format:
 - with reasoning (`thinking` not None, api/reasoning.py): the thoughts go to
   `message.reasoning_content` (in a stream, `reasoning_content` deltas), the answer to `content`
   (and tool calls are read from the answer alone).
+- embeddings: `{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+  "usage": {"prompt_tokens", "total_tokens"}}`; an embedding is a list of floats, or with
+  encoding_format "base64" the base64 of its little-endian float32 bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
-from typing import Iterable
+from typing import Iterable, Sequence
+
+import numpy as np
 
 from ember.api.reasoning import ReasoningSplitter, split_reasoning
 from ember.api.tool_calls import ChatTools, ToolCall
@@ -36,6 +42,22 @@ from ember.engine.generate import Chunk, TokenLogprob
 
 def usage(n_prompt: int, n_generated: int) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_generated, "total_tokens": n_prompt + n_generated}
+
+
+ENCODING_FORMATS = ("float", "base64")
+
+
+def embedding_response(vectors: Sequence[np.ndarray], model: str, n_tokens: int,
+                       encoding_format: str = "float") -> dict:
+    """OpenAI's /v1/embeddings response for the vectors of the inputs, in input order."""
+    def encoded(vector: np.ndarray):
+        if encoding_format == "base64":
+            return base64.b64encode(np.ascontiguousarray(vector, "<f4").tobytes()).decode("ascii")
+        return vector.astype(np.float32).tolist()
+
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)],
+            "model": model, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
 
 class ResponseFormat:

@@ -359,6 +359,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime(p, threads=False)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    p = command("embed", "embeddings of texts, a JSON line each", "ember.cli.embed:cli_embed")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (default: the lines of -f or stdin)")
+    _add_model(p)
+    p.add_argument("-f", "--file", default=None, help="a file of texts, one a line ('-': stdin)")
+    p.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
+                   help="how token states become one vector (default: the model's, else mean)")
+    p.add_argument("--no-normalize", action="store_true", help="do not scale embeddings to unit length")
+    p.add_argument("--truncate", action="store_true", help="cut texts longer than the model embeds at once")
+    _add_runtime(p)
+
     p = command("tokenize", "show the token ids of a text", "ember.cli.tokenize:cli_tokenize")
     _add_model(p)
     p.add_argument("text")

@@ -11,13 +11,14 @@ written before the next is touched.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ember.convert.checkpoint import SafeTensor, open_checkpoint
+from ember.convert.checkpoint import SafeTensor, open_checkpoint, read_json
 from ember.convert.vocab import vocab_metadata
 from ember.errors import EmberError
 from ember.gguf import GGUFWriter
@@ -53,11 +54,42 @@ def convert(hf_dir: str | Path, output: str | Path, outtype: str = "f16") -> Pat
         writer.add(key, value)
     writer.add("general.file_type", FILE_TYPES[outtype])
     writer.add("general.quantization_version", QUANTIZATION_VERSION)
+    for key, value in pooling_metadata(ckpt.path, converter.arch).items():
+        writer.add(key, value)
     for key, value in vocab_metadata(ckpt.path, converter.arch, ckpt.config).items():
         writer.add(key, value)
     for tensor in plan_tensors(ckpt, converter, OUTTYPES[outtype]):
         writer.add_tensor(tensor.name, tensor.chunks, tensor.type, tuple(reversed(tensor.shape)))
     return writer.write()
+
+
+# sentence-transformers pooling modes -> llama.cpp's pooling types (<arch>.pooling_type)
+_POOLING = {"mean": 1, "cls": 2, "lasttoken": 3}
+
+
+def pooling_metadata(path: Path, arch: str) -> dict[str, int]:
+    """<arch>.pooling_type from a sentence-transformers folder (modules.json names a Pooling module
+    whose config.json says how), as llama.cpp's converter reads it; {} for a plain checkpoint."""
+    modules = path / "modules.json"
+    if not modules.is_file():
+        return {}
+    try:
+        listed = json.loads(modules.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EmberError(f"cannot read {modules}: {exc}") from None
+    listed = listed if isinstance(listed, list) else []
+    folder = next((m.get("path", "") for m in listed
+                   if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")), None)
+    if folder is None:
+        return {}
+    config = read_json(path / folder / "config.json")
+    for mode, flag in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
+                       ("lasttoken", "pooling_mode_lasttoken")):
+        if config.get(flag):
+            return {f"{arch}.pooling_type": _POOLING[mode]}
+    if config.get("pooling_mode") in _POOLING:
+        return {f"{arch}.pooling_type": _POOLING[config["pooling_mode"]]}
+    raise EmberError(f"{path / folder / 'config.json'}: only mean, CLS and last-token pooling are supported")
 
 
 def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:

@@ -8,6 +8,9 @@ Three sources, tried in the order llama.cpp tries them for the architecture:
   transformers; llama only): model "llama", scores -1000 as llama.cpp's LlamaHfVocab writes them.
 - tokenizer.json with a byte-level BPE model: model "gpt2", tokens, merges and the pre-tokenizer
   name (`tokenizer.ggml.pre`) recognised from the tokenizer's pre_tokenizer.
+- tokenizer.json with a WordPiece model (BERT): model "bert", word-initial pieces written "▁piece"
+  and continuations "##piece" as "piece" (llama.cpp's phantom space), the normalizer's
+  lower-casing and accent stripping, the number of token types.
 
 Special token ids, add_bos/add_eos and the chat template come from tokenizer_config.json,
 tokenizer.json and config.json (the rules of gguf-py's SpecialVocab). A folder with no tokenizer
@@ -37,7 +40,9 @@ class TokenType(IntEnum):
     BYTE = 6
 
 
-SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "mask")
+# a role the tokenizer leaves empty takes the token of another (gguf-py: BERT's [CLS] and [SEP])
+_FALLBACK_ROLES = {"bos": "cls", "eos": "sep"}
 
 # tokenizer.json pre-tokenizer regexes -> llama.cpp pre-tokenizer names
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -57,7 +62,9 @@ def vocab_metadata(path: Path, arch: str, config: dict) -> dict[str, Any]:
             meta["tokenizer.ggml.add_space_prefix"] = False
     elif hf_json.is_file():
         tokenizer = read_json(hf_json)
-        if arch == "llama" and _is_byte_fallback_bpe(tokenizer):
+        if (tokenizer.get("model") or {}).get("type") == "WordPiece":
+            meta = _wordpiece_vocab(tokenizer, n_vocab, config)
+        elif arch == "llama" and _is_byte_fallback_bpe(tokenizer):
             meta = _llama_hf_vocab(tokenizer, _read_json_if(path / "tokenizer_config.json"), n_vocab)
         else:
             meta = _bpe_vocab(tokenizer, n_vocab)
@@ -101,6 +108,51 @@ def _bpe_vocab(tokenizer: dict, n_vocab: int | None) -> dict[str, Any]:
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": _merges(model.get("merges") or []),
     }
+
+
+# -- WordPiece (tokenizer.json) ----------------------------------------------------------------
+
+def _wordpiece_vocab(tokenizer: dict, n_vocab: int | None, config: dict) -> dict[str, Any]:
+    vocab: dict[str, int] = dict(tokenizer["model"].get("vocab") or {})
+    special = {t["content"] for t in tokenizer.get("added_tokens") or [] if t.get("special")}
+    for token in tokenizer.get("added_tokens") or []:
+        vocab[token["content"]] = token["id"]
+    size = max(int(n_vocab or 0), max(vocab.values(), default=-1) + 1)
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    types = np.full(size, TokenType.UNUSED, np.int32)
+    for text, token_id in vocab.items():
+        if text in special:
+            tokens[token_id], types[token_id] = text, TokenType.CONTROL
+        else:
+            tokens[token_id] = text[2:] if text.startswith("##") else "\u2581" + text
+            types[token_id] = TokenType.NORMAL
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.token_type_count": int(config.get("type_vocab_size", 1)),
+        "tokenizer.ggml.model": "bert",
+        "tokenizer.ggml.pre": "default",  # llama.cpp reads no pre-tokenizer for WordPiece
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+    }
+    flags: dict[str, bool] = {}
+    _normalizer_flags(tokenizer.get("normalizer") or {}, flags)
+    meta.update({f"tokenizer.ggml.normalizer.{name}": value for name, value in flags.items()})
+    return meta
+
+
+def _normalizer_flags(normalizer: dict, flags: dict[str, bool]) -> None:
+    """lowercase / strip_accents from a tokenizer.json normalizer, as gguf-py reads them."""
+    kind = normalizer.get("type")
+    if kind == "Lowercase":
+        flags["lowercase"] = True
+    elif kind == "StripAccents":
+        flags["strip_accents"] = True
+    elif kind == "BertNormalizer":
+        for name in ("lowercase", "strip_accents"):
+            if isinstance(normalizer.get(name), bool):
+                flags[name] = normalizer[name]
+    elif kind == "Sequence":
+        for step in normalizer.get("normalizers") or []:
+            _normalizer_flags(step, flags)
 
 
 def _merges(merges: list) -> list[str]:
@@ -302,6 +354,8 @@ def special_tokens(path: Path, n_vocab: int) -> dict[str, Any]:
         if isinstance(flag, bool):
             add.setdefault(typ, flag)
         content = _token_content(tokenizer_config.get(f"{typ}_token"))
+        if content is None and typ in _FALLBACK_ROLES:
+            content = _token_content(tokenizer_config.get(f"{_FALLBACK_ROLES[typ]}_token"))
         token_id = next((t.get("id") for t in added if content is not None and t.get("content") == content), None)
         if isinstance(token_id, int) and 0 <= token_id < n_vocab:
             ids.setdefault(typ, token_id)
@@ -321,7 +375,7 @@ def special_tokens(path: Path, n_vocab: int) -> dict[str, Any]:
 
 
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
-            "pad": "padding_token_id", "cls": "cls_token_id", "mask": "mask_token_id"}
+            "pad": "padding_token_id", "mask": "mask_token_id"}
 
 
 def _token_content(entry) -> str | None:

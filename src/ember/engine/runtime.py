@@ -19,6 +19,7 @@ from ember.models.blocks import Builder
 from ember.sysinfo import checked_threads, physical_memory
 
 DEFAULT_MAX_CTX = 4096
+ENCODER_SLOTS = 16  # sequence slots of an encoder: texts embedded in one graph run
 ACTIVATIONS = ("int8", "f32")
 
 
@@ -37,12 +38,17 @@ class Model:
         8-bit block format and takes integer dot products, as llama.cpp does; "f32": weights
         are dequantized to F32 row by row and the activations are not rounded (several times
         slower; logits as close to a float32 reference as the accumulation order allows).
+    embeddings: the graph returns the final hidden states (after the output norm) instead of
+        logits, for engine.embed. Encoder architectures (BERT) always do; `is_encoder` says so,
+        and `n_out` is the width of what eval returns (n_vocab, or the embedding length). An
+        encoder's batch is its whole context and it has at least ENCODER_SLOTS sequence slots.
 
     `kv_bytes_per_token` is what one token of one sequence takes in the KV cache.
     """
 
     def __init__(self, model: GGUFFile | str | Path, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8"):
+                 n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8",
+                 embeddings: bool = False):
         _check_count("n_ctx", n_ctx, minimum=0)
         for name, value in (("n_seq", n_seq), ("n_batch", n_batch), ("n_outputs", n_outputs)):
             _check_count(name, value)
@@ -56,15 +62,25 @@ class Model:
         self.n_ctx_train = self.hp.n_ctx_train
         self.activations = activations
         self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
+        self.is_encoder = bool(getattr(arch, "ENCODER", False))
+        self.embeddings = embeddings or self.is_encoder
         builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp),
                           n_ctx=context_length(n_ctx, self.n_ctx_train))
+        builder.embeddings = self.embeddings
         logits = builder.build(arch.build)
+        if self.embeddings and not (self.is_encoder or builder.hidden_output):
+            raise EmberError(f"ember cannot take embeddings from the {self.hp.arch} architecture")
         self._keep = builder._keep
         self.graph.set_output(logits)
+        self.n_out = self.hp.n_embd if self.embeddings else self.n_vocab
         self.n_ctx = self._context_length(n_ctx, builder.max_positions)
         self.n_seq = int(n_seq)
         self.n_batch = int(min(n_batch, self.n_ctx))
-        self.n_outputs = int(n_outputs or max(self.n_seq, 32))
+        if self.is_encoder:  # a text's tokens all see each other: a text is one run, texts share runs
+            self.n_batch = self.n_ctx
+            self.n_seq = max(self.n_seq, ENCODER_SLOTS)
+        # embeddings pool over every token of a batch: all its rows are outputs
+        self.n_outputs = int(n_outputs or (self.n_batch if self.embeddings else max(self.n_seq, 32)))
         self._plan()
         if self.n_ctx > self.n_ctx_train:
             warnings.warn(EmberWarning(

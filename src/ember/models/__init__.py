@@ -35,6 +35,7 @@ ARCHITECTURES = {
     "phi2": "ember.models.phi2",
     "granite": "ember.models.granite",
     "phi3": "ember.models.phi3",
+    "bert": "ember.models.bert",
 }
 
 

@@ -126,6 +126,8 @@ class Builder:
         self.n_ctx = hp.n_ctx_train if n_ctx is None else n_ctx  # the context the graph runs with
         self._keep = []  # converted copies of small vectors, alive as long as the graph
         self._constants: dict[str, int] = {}
+        self.embeddings = False  # set before build: lm_head returns the final hidden states instead
+        self.hidden_output = False  # whether lm_head did so
 
     def build(self, build_fn: Callable[["Builder"], int]) -> int:
         """build_fn(self), the logits tensor id; a failure on a malformed file is a GGUFError."""
@@ -239,10 +241,12 @@ class Builder:
         return self.g.mul(x, self.constant(f"rope_mscale.{n_heads}", np.tile(head, n_heads)))
 
     def attention(self, q: int, k: int, v: int, window: int = 0, scale: float | None = None,
-                  softcap: float = 0.0) -> int:
+                  softcap: float = 0.0, causal: bool = True) -> int:
+        """softmax(q k^T scale) v per head; causal: each token sees the positions up to its own,
+        else (encoders) every position of its sequence."""
         hp = self.hp
         scale = 1.0 / math.sqrt(hp.head_dim) if scale is None else scale
-        return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap)
+        return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap, causal)
 
     def gated_mlp(self, x: int, prefix: str, act: str = "silu") -> int:
         """down(act(gate(x)) * up(x)), with biases where the file has them (Llama's mlp_bias)."""
@@ -250,6 +254,13 @@ class Builder:
         up = self.linear(x, f"{prefix}.ffn_up")
         h = self.g.swiglu(gate, up) if act == "silu" else self.g.geglu(gate, up)
         return self.linear(h, f"{prefix}.ffn_down")
+
+    def lm_head(self, x: int) -> int:
+        """The logits of the final hidden states x; with `embeddings` set, x itself."""
+        if self.embeddings:
+            self.hidden_output = True
+            return x
+        return self.g.matmul(self.output_weight(), x)
 
     def output_weight(self) -> int:
         """The LM head, tied to the token embedding when the file has no output.weight."""

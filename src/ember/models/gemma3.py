@@ -84,9 +84,9 @@ def build_gemma(b: Builder, period: int, wide_n_layer: int, local_base: float | 
         m = b.rms_norm(b.gated_mlp(h, p, act="gelu"), f"{p}.post_ffw_norm.weight")
         x = g.add(x, m)
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
-    logits = g.matmul(b.output_weight(), x)
+    logits = b.lm_head(x)
     cap = float_key(meta, f"{hp.arch}.final_logit_softcapping", 0.0, non_negative=True)
-    return g.softcap(logits, cap) if cap > 0 else logits
+    return g.softcap(logits, cap) if cap > 0 and not b.embeddings else logits
 
 
 def build(b: Builder) -> int:

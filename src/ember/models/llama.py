@@ -63,7 +63,8 @@ def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers()) -> int
         x = b.g.add(x, scaled(b, b.gated_mlp(h, f"blk.{il}"), m.residual))
     # Only the rows whose logits are wanted go through the final norm and the LM head.
     x = b.rms_norm(b.g.select_outputs(x), "output_norm.weight")
-    return scaled(b, b.g.matmul(b.output_weight(), x), 1.0 / m.logit)
+    logits = b.lm_head(x)
+    return logits if b.embeddings else scaled(b, logits, 1.0 / m.logit)
 
 
 def build(b: Builder) -> int:

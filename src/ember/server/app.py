@@ -1,5 +1,8 @@
-"""The HTTP routes: OpenAI's completions, chat completions and models, llama-server's tokenize,
-detokenize, props and slots, health, Prometheus metrics and the chat page at /.
+"""The HTTP routes: OpenAI's completions, chat completions, embeddings and models, llama-server's
+tokenize, detokenize, props and slots, health, Prometheus metrics and the chat page at /.
+
+Embeddings run on a thread of their own, one request at a time, all of a request's inputs
+batched through the runtime (engine/embed.py); an encoder model (BERT) serves only them.
 
 Every error is answered with an OpenAI-style body (see schemas.APIError): 400 for bad input,
 401 for a missing or wrong API key, 404 for unknown routes, 413 for a body over the limit,
@@ -19,6 +22,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -45,6 +49,7 @@ from ember.server.schemas import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     error_body,
     parse,
@@ -59,8 +64,8 @@ MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
 TEMPLATE_THREADS = 4  # chat templates rendering at once; more requests wait for one of these
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned
-ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-          "/metrics", "/props", "/slots")
+ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize",
+          "/detokenize", "/metrics", "/props", "/slots")
 
 
 def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None,
@@ -71,6 +76,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     comma-separated list of origins; "" sends no CORS headers. slots_endpoint=False hides /slots.
     """
     templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="ember-template")
+    embedding = threading.Lock()  # one embeddings request at a time on the embedding graph
 
     @asynccontextmanager
     async def lifespan(app):
@@ -134,6 +140,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(request: Request):
         body = parse(CompletionRequest, await _read_json(request))
+        _generative(llm)
         grammar = await asyncio.to_thread(_constraint, body) if body.constraint_field else None
         prompt = body.prompt
         tokens = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(llm.prompt_tokens, prompt)
@@ -143,6 +150,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(request: Request):
         body = parse(ChatRequest, await _read_json(request))
+        _generative(llm)
         grammar = await asyncio.to_thread(_constraint, body) if body.constraint_field else None
         messages = [m.plain() for m in body.messages]
         try:
@@ -155,6 +163,23 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
                                   thinking=thinking)
         return await _generate(request, scheduler, prompt.tokens, body, response, prompt.grammar,
                                keep_special=prompt.tools is not None)
+
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(request: Request):
+        body = parse(EmbeddingRequest, await _read_json(request))
+
+        def embed():
+            with embedding:
+                n_embd = llm.embedder.n_embd
+                if body.dimensions is not None and body.dimensions != n_embd:
+                    raise APIError(400, f"'dimensions' {body.dimensions} is not supported: this model's embeddings "
+                                        f"have {n_embd} dimensions and ember does not shorten them", param="dimensions")
+                try:
+                    return llm.create_embedding(body.input, model=llm.name, encoding_format=body.encoding_format)
+                except EmberError as error:
+                    raise APIError(400, str(error), param="input") from None
+
+        return await asyncio.to_thread(embed)
 
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize(request: Request):
@@ -195,6 +220,12 @@ def default_generation_settings() -> dict:
 
 def _token_text(tokenizer, token_id: int | None) -> str:
     return "" if token_id is None else tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def _generative(llm) -> None:
+    if getattr(llm.model, "is_encoder", False):
+        raise APIError(400, f"{llm.name} is an embedding model: it serves /v1/embeddings, not text generation",
+                       param="model", code="model_not_supported")
 
 
 def _constraint(body):

@@ -8,7 +8,9 @@ is refused with 400 and `{"error": {"message", "type": "invalid_request_error", 
 
 Constraints (engine/constraints.py): OpenAI's `response_format`, llama.cpp's `grammar` (GBNF)
 and `json_schema`, and `regex` / `choice`; chat requests also take `tools`, `tool_choice` and
-`parallel_tool_calls` (api/tool_calls.py), and `reasoning_format` (api/reasoning.py).
+`parallel_tool_calls` (api/tool_calls.py), and `reasoning_format` (api/reasoning.py). Embeddings
+take OpenAI's `input` (texts or token ids, up to 2048), `encoding_format` (float, base64) and
+`dimensions` (only the model's own).
 
 Defaults are the Python API's (`LLM.create_completion`, `LLM.create_chat_completion`):
 a completion stops after 16 tokens unless max_tokens says otherwise, a chat reply runs to
@@ -27,6 +29,7 @@ from ember.engine.sampling_params import DEFAULTS as D
 MAX_TOKENS_LIMIT = 2**31 - 1
 MAX_STOPS = 16
 MAX_LOGPROBS = 20
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit of inputs per embeddings request
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -45,6 +48,22 @@ def _prompt(value: Any) -> str | list[int]:
     if isinstance(value, list) and len(value) > 1 and all(isinstance(v, (str, list)) for v in value):
         raise ValueError("only one prompt per request is supported")
     raise ValueError("must be a string or a non-empty list of token ids")
+
+
+def _embedding_input(value: Any) -> list[str | list[int]]:
+    """OpenAI's embeddings input: a text, token ids, or a list of texts or of token id lists; as a list."""
+    if isinstance(value, str) or _is_token_ids(value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a string, a list of strings, or token ids (a list of integers or of lists of them)")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request are supported")
+    for item in value:
+        if not (isinstance(item, str) or _is_token_ids(item)):
+            raise ValueError("each input must be a string or a non-empty list of token ids")
+        if item == "":
+            raise ValueError("an input must not be empty")
+    return value
 
 
 def _stop(value: Any) -> list[str]:
@@ -230,6 +249,14 @@ class TokenizeRequest(_Request):
     add_special: StrictBool = True
     parse_special: StrictBool = True
     with_pieces: StrictBool = False
+
+
+class EmbeddingRequest(_Request):
+    input: Annotated[Any, AfterValidator(_embedding_input)]
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, ge=1)
+    user: StrictStr | None = None  # accepted, without effect
 
 
 class DetokenizeRequest(_Request):

@@ -6,7 +6,8 @@
     stream = tok.stream_decoder()             # for generation: only whole UTF-8 characters
     text = "".join(stream.feed(i) for i in ids) + stream.flush()
 
-Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's; which
+Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's, WordPiece
+ember.wpm's; which
 tokens are special, which end generation and the BOS/EOS rules come from ember.vocab.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 from ember.errors import EmberError
 from ember.tokenizer.bpe import BpeEncoder
 from ember.tokenizer.spm import SPACE, SpmEncoder
+from ember.tokenizer.wpm import WpmEncoder
 from ember.tokenizer.vocab import (
     BYTE,
     CONTROL,
@@ -43,7 +45,7 @@ class Tokenizer:
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._encoder = SpmEncoder(vocab) if vocab.kind == "spm" else BpeEncoder(vocab)
+        self._encoder = {"spm": SpmEncoder, "wpm": WpmEncoder}.get(vocab.kind, BpeEncoder)(vocab)
         self._bytes: list[bytes | None] = [None] * vocab.n_vocab
         self.bos_id: int | None = vocab.special["bos"]
         self.eos_id: int | None = vocab.special["eos"]
@@ -85,6 +87,8 @@ class Tokenizer:
             ids.insert(0, self._required("bos"))
         if add_special and self.add_eos:
             ids.append(self._required("eos"))
+        if add_special and self._vocab.add_sep:
+            ids.append(self._required("sep"))
         return ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
@@ -137,7 +141,7 @@ class Tokenizer:
         if attr & _VERBATIM:
             return text.encode()
         if attr & NORMAL:
-            return _spm_bytes(text) if self._vocab.kind == "spm" else byte_level_bytes(text)
+            return byte_level_bytes(text) if self._vocab.kind == "bpe" else _spm_bytes(text)
         if attr & BYTE:
             return _byte_token_bytes(text)
         return b""

@@ -31,7 +31,7 @@ BYTE = 1 << 5
 # tokenizer.ggml.token_type value -> attribute (0 = undefined and anything unknown).
 _ATTR_OF_TYPE = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 
-MODELS = {"gpt2": "bpe", "llama": "spm"}
+MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm"}
 
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
@@ -55,6 +55,10 @@ _FIM_TEXTS = {
 _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "fim_pre", "fim_suf", "fim_mid", "fim_pad",
                  "fim_rep", "fim_sep")
 _LEGACY_FIM_KEYS = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid"}
+# tokenizer.ggml.<key>_token_id -> role, for the roles WordPiece vocabularies use
+_WPM_KEYS = {"unknown": "unk", "seperator": "sep", "padding": "pad"}  # "seperator" as GGUF spells it
+# llama.cpp's defaults for "bert" vocabularies (BERT's [CLS], [UNK], [SEP], [PAD])
+_WPM_DEFAULTS = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0}
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Vocab:
     attrs: np.ndarray  # uint16 attribute bits per token
     scores: np.ndarray | None  # float32 per token (SentencePiece-style vocabularies)
     merges: Any  # list-like of "left right" strings (BPE vocabularies)
-    kind: str  # "bpe" or "spm"
+    kind: str  # "bpe", "spm" or "wpm"
     pre: PreTokenizer | None  # BPE only
     special: dict[str, int | None]  # bos, eos, eot, eom, fim_* -> id
     eog_ids: frozenset[int]
@@ -71,6 +75,9 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     clean_spaces: bool
+    add_sep: bool = False  # WordPiece: encode(add_special=True) puts the separator ([SEP]) last
+    lowercase: bool = False  # WordPiece: lower-case the text (tokenizer.ggml.normalizer.lowercase)
+    strip_accents: bool = False  # WordPiece: drop accents (normalizer.strip_accents, default: lowercase)
     _index: Any = field(default=None, repr=False)
 
     @property
@@ -124,8 +131,12 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         add_bos=_flag(metadata, "add_bos_token", kind == "spm" or (pre is not None and pre.add_bos)),
         add_eos=_flag(metadata, "add_eos_token", False),
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
-        clean_spaces=pre.clean_spaces if pre is not None else False,
+        clean_spaces=pre.clean_spaces if pre is not None else kind == "wpm",
     )
+    if kind == "wpm":  # llama.cpp puts [CLS] (BOS) and [SEP] around the text, whatever the flags say
+        vocab.add_bos, vocab.add_eos, vocab.add_sep = True, False, True
+        vocab.lowercase = _flag(metadata, "normalizer.lowercase", False)
+        vocab.strip_accents = _flag(metadata, "normalizer.strip_accents", vocab.lowercase)
     vocab.special = _special_ids(metadata, vocab)
     vocab.eog_ids = _end_of_generation(vocab)
     return vocab
@@ -152,9 +163,12 @@ def _special_ids(metadata: dict, vocab: Vocab) -> dict[str, int | None]:
     n_vocab = vocab.n_vocab
     default_bos, default_eos = (1, 2) if vocab.kind == "spm" else (11, 11)
     special: dict[str, int | None] = dict.fromkeys(_SPECIAL_KEYS)
-    special["bos"] = default_bos if default_bos < n_vocab else None
-    special["eos"] = default_eos if default_eos < n_vocab else None
+    defaults = _WPM_DEFAULTS if vocab.kind == "wpm" else {"bos": default_bos, "eos": default_eos}
+    for name, default in defaults.items():
+        special[name] = default if default is not None and default < n_vocab else None
     keys = [(name, name) for name in _SPECIAL_KEYS] + list(_LEGACY_FIM_KEYS.items())
+    if vocab.kind == "wpm":
+        keys += list(_WPM_KEYS.items())
     for key, name in keys:
         value = int_key(metadata, f"tokenizer.ggml.{key}_token_id", None, minimum=-(2**63), maximum=2**64)
         if value is not None and 0 <= value < n_vocab:

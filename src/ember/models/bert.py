@@ -1,0 +1,154 @@
+"""BERT encoders (BERT, BGE, MiniLM, E5): learned absolute positions and token types, LayerNorm
+after each sub-layer (post-norm), non-causal attention with biases, a GELU MLP. The graph's output
+is the last layer's hidden state per token; pooling and normalisation are engine.embed's."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ember.errors import EmberError
+from ember.gguf.types import GGMLType
+from ember.models.blocks import Builder, HParams
+from ember.models.hf import IGNORED, get, require
+
+HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+ENCODER = True  # no LM head: build returns hidden states
+
+
+def hparams(f) -> HParams:
+    return HParams.from_gguf(f, default_eps_key="attention.layer_norm_epsilon")
+
+
+def tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    e = hp.n_embd
+    norms = ("token_embd_norm", "attn_output_norm", "layer_output_norm")
+    return {f"{norm}.{kind}": (e,) for norm in norms for kind in ("weight", "bias")}
+
+
+def token_type_row(b: Builder, row: int = 0) -> int:
+    """One row of token_types.weight as an F32 vector: every token is of type `row` (sequence A)."""
+    from ember.quant.reference import dequantize
+
+    t = b.f.tensors.get("token_types.weight")
+    if t is None:
+        return -1
+    if t.shape[0] != b.hp.n_embd:
+        raise EmberError(f"tensor token_types.weight has rows of {t.shape[0]} values, not {b.hp.n_embd}")
+    values = dequantize(t.data, t.type, t.shape).reshape(-1, b.hp.n_embd)[row]
+    data = np.ascontiguousarray(values, dtype=np.float32).view(np.uint8)
+    b._keep.append(data)
+    return b.g.named_weight(t.name, int(GGMLType.F32), b.hp.n_embd, 1, data)
+
+
+def embeddings(b: Builder) -> int:
+    """LayerNorm(token + position + token type embedding)."""
+    g = b.g
+    x = g.add(g.get_rows(b.weight("token_embd.weight")), g.get_rows(b.weight("position_embd.weight"), by_position=True))
+    types = token_type_row(b)
+    if types >= 0:
+        x = g.add(x, types)
+    return b.layer_norm(x, "token_embd_norm")
+
+
+def encoder_layer(b: Builder, x: int, il: int, attend) -> int:
+    """Post-norm block: x = LN(x + Attn(x)); x = LN(x + MLP(x)). attend(b, x, il) -> heads' output."""
+    g, p = b.g, f"blk.{il}"
+    x = b.layer_norm(g.add(x, b.linear(attend(b, x, il), f"{p}.attn_output")), f"{p}.attn_output_norm")
+    h = b.linear(g.gelu(b.linear(x, f"{p}.ffn_up")), f"{p}.ffn_down")
+    return b.layer_norm(g.add(x, h), f"{p}.layer_output_norm")
+
+
+def self_attention(b: Builder, x: int, il: int) -> int:
+    p = f"blk.{il}"
+    if b.has(f"{p}.attn_qkv.weight"):
+        qkv, n = b.linear(x, f"{p}.attn_qkv"), b.hp.n_embd
+        q, k, v = b.g.view(qkv, 0, n), b.g.view(qkv, n, n), b.g.view(qkv, 2 * n, n)
+    else:
+        q, k, v = (b.linear(x, f"{p}.attn_{name}") for name in "qkv")
+    return b.attention(q, k, v, causal=False)
+
+
+def build(b: Builder) -> int:
+    x = embeddings(b)
+    for il in range(b.hp.n_layer):
+        x = encoder_layer(b, x, il, self_attention)
+    return b.g.select_outputs(x)
+
+
+_GLOBAL = {
+    "embeddings.word_embeddings.weight": "token_embd.weight",
+    "embeddings.position_embeddings.weight": "position_embd.weight",
+    "embeddings.token_type_embeddings.weight": "token_types.weight",
+    "embeddings.LayerNorm.weight": "token_embd_norm.weight",
+    "embeddings.LayerNorm.bias": "token_embd_norm.bias",
+}
+_LAYER = {
+    "attention.self.query": "attn_q",
+    "attention.self.key": "attn_k",
+    "attention.self.value": "attn_v",
+    "attention.output.dense": "attn_output",
+    "attention.output.LayerNorm": "attn_output_norm",
+    "intermediate.dense": "ffn_up",
+    "output.dense": "ffn_down",
+    "output.LayerNorm": "layer_output_norm",
+}
+_BLOCK = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+# heads no embedding reads: the pooler, the masked-LM and next-sentence heads
+_DROPPED = ("embeddings.position_ids", "pooler.", "cls.")
+
+
+class Converter:
+    """Hugging Face BertModel -> GGUF "bert", as llama.cpp's BertModel converter writes it."""
+
+    arch = "bert"
+
+    def __init__(self, config: dict):
+        self.config = config
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise EmberError(f"BERT with {config['position_embedding_type']} position embeddings is not supported")
+        if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise EmberError(f"BERT with activation {config['hidden_act']!r} is not supported (ember runs GELU)")
+
+    def metadata(self) -> dict[str, Any]:
+        c, a = self.config, self.arch
+        return {
+            f"{a}.vocab_size": int(require(c, "vocab_size")),
+            f"{a}.context_length": int(require(c, "max_position_embeddings")),
+            f"{a}.embedding_length": int(require(c, "hidden_size")),
+            f"{a}.block_count": int(require(c, "num_hidden_layers")),
+            f"{a}.feed_forward_length": int(require(c, "intermediate_size")),
+            f"{a}.attention.head_count": int(require(c, "num_attention_heads")),
+            f"{a}.attention.layer_norm_epsilon": float(get(c, "layer_norm_eps", default=1e-12)),
+            f"{a}.attention.causal": False,
+        }
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        name = hf_name.removeprefix("bert.")
+        if name.endswith(".gamma"):
+            name = name[:-6] + ".weight"
+        if name.endswith(".beta"):
+            name = name[:-5] + ".bias"
+        if name.endswith(IGNORED) or name.startswith(_DROPPED):
+            return None
+        if name in _GLOBAL:
+            return _GLOBAL[name]
+        match = _BLOCK.match(name)
+        if match and match.group(2) in _LAYER:
+            layer, module, kind = match.groups()
+            return f"blk.{layer}.{_LAYER[module]}.{kind}"
+        raise EmberError(f"cannot map tensor {hf_name} to a bert GGUF tensor")
+
+    def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def transforms(self, hf_name: str) -> bool:
+        return False
+
+    def shape_after(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+    def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
+        return []
