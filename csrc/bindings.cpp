@@ -578,10 +578,10 @@ NB_MODULE(_core, m) {
   nb::class_<BpeVocab>(m, "BpeVocab")
       .def("__init__",
            [](BpeVocab* self, std::shared_ptr<TextIndex> tokens, const nb::bytes& merges, const I64Array& merge_fields,
-              bool ignore_merges) {
-             new (self) BpeVocab(std::move(tokens), string_table(merges, merge_fields), ignore_merges);
+              bool ignore_merges, bool byte_encode) {
+             new (self) BpeVocab(std::move(tokens), string_table(merges, merge_fields), ignore_merges, byte_encode);
            },
-           "tokens"_a, "merges"_a, "merge_fields"_a, "ignore_merges"_a)
+           "tokens"_a, "merges"_a, "merge_fields"_a, "ignore_merges"_a, "byte_encode"_a = true)
       .def("encode", &bpe_encode, "words"_a)
       .def_prop_ro("n_merges", &BpeVocab::n_merges);
   nb::class_<SpmVocab>(m, "SpmVocab")

@@ -27,8 +27,9 @@ size_t slot_of(uint64_t key, size_t mask) { return static_cast<size_t>((key * 0x
 
 }  // namespace
 
-BpeVocab::BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& merges, bool ignore_merges)
-    : tokens_(std::move(tokens)), ignore_merges_(ignore_merges) {
+BpeVocab::BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& merges, bool ignore_merges,
+                   bool byte_encode)
+    : tokens_(std::move(tokens)), ignore_merges_(ignore_merges), byte_encode_(byte_encode) {
   // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others in
   // order for U+0100, U+0101, ...
   uint32_t next = 256;
@@ -36,6 +37,9 @@ BpeVocab::BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& m
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
     append_utf8(byte_char_[b], printable ? static_cast<uint32_t>(b) : next++);
     byte_id_[b] = find(byte_char_[b]);
+    static const char* hex = "0123456789ABCDEF";
+    const char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+    hex_byte_id_[b] = find(std::string_view(name, 6));
   }
 
   size_t capacity = 16;
@@ -95,14 +99,26 @@ const BpeVocab::Merge* BpeVocab::merge(int32_t left, int32_t right) const {
 void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   std::string mapped;
-  mapped.reserve(word.size() * 2);
-  std::vector<uint32_t> lengths(word.size());
-  for (size_t i = 0; i < word.size(); ++i) {
-    const uint8_t b = static_cast<uint8_t>(word[i]);
-    lengths[i] = static_cast<uint32_t>(byte_char_[b].size());
-    mapped += byte_char_[b];
+  std::vector<uint32_t> lengths;
+  if (byte_encode_) {
+    mapped.reserve(word.size() * 2);
+    lengths.resize(word.size());
+    for (size_t i = 0; i < word.size(); ++i) {
+      const uint8_t b = static_cast<uint8_t>(word[i]);
+      lengths[i] = static_cast<uint32_t>(byte_char_[b].size());
+      mapped += byte_char_[b];
+    }
+  } else {  // the characters themselves (a truncated last one as what is left of it)
+    mapped.assign(word);
+    for (size_t at = 0; at < word.size();) {
+      const uint8_t lead = static_cast<uint8_t>(word[at]);
+      const size_t n = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      lengths.push_back(static_cast<uint32_t>(std::min(n, word.size() - at)));
+      at += lengths.back();
+    }
   }
-  if (ignore_merges_) {
+  const bool newlines_only = !byte_encode_ && word.find_first_not_of('\n') == std::string_view::npos;
+  if (ignore_merges_ || newlines_only) {
     const int32_t whole = find(mapped);
     if (whole >= 0) {
       out.push_back(whole);
@@ -110,7 +126,9 @@ void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) con
     }
   }
   std::vector<Symbol> sym = symbol_chain(lengths);
-  for (size_t i = 0; i < word.size(); ++i) sym[i].id = byte_id_[static_cast<uint8_t>(word[i])];
+  for (size_t i = 0; i < sym.size(); ++i)
+    sym[i].id = byte_encode_ ? byte_id_[static_cast<uint8_t>(word[i])]
+                             : find(std::string_view(mapped.data() + sym[i].start, sym[i].len));
 
   auto span = [&](const Symbol& s) { return std::string_view(mapped.data() + s.start, s.len); };
   merge_symbols<int32_t>(sym, [&](int32_t left, int32_t right) -> std::optional<SymbolPair<int32_t>> {
@@ -134,7 +152,8 @@ void BpeVocab::encode_word(std::string_view word, std::vector<int32_t>& out) con
       continue;
     }
     for (uint32_t k = 0; k < s.len; ++k) {  // no such token: its single bytes, where they are tokens
-      const int32_t id = find(std::string_view(mapped.data() + s.start + k, 1));
+      const int32_t id = byte_encode_ ? find(std::string_view(mapped.data() + s.start + k, 1))
+                                      : hex_byte_id_[static_cast<uint8_t>(mapped[s.start + k])];
       if (id >= 0) out.push_back(id);
     }
   }

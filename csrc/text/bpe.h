@@ -6,6 +6,10 @@
 // symbol left that is no token is emitted as the tokens of its single bytes, where those exist.
 // With ignore_merges, a word that is itself a token is that token.
 //
+// Without byte_encode (Gemma 4's "SentencePiece-style" BPE) the symbols are the word's UTF-8
+// characters themselves, a symbol left that is no token becomes its bytes' <0xXX> tokens, and a
+// word of newlines only that is a token is that token (llama.cpp's Gemma 4 rule).
+//
 // The merges arrive as a GGUF string array (see text_index.h); merges of two tokens live in an
 // open-addressing table keyed by the pair of ids (~2 MB for 50k merges), the rare merges with a
 // part that is no token in a map keyed by text.
@@ -25,7 +29,8 @@ namespace ember {
 
 class BpeVocab {
  public:
-  BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& merges, bool ignore_merges);
+  BpeVocab(std::shared_ptr<const TextIndex> tokens, const StringTable& merges, bool ignore_merges,
+           bool byte_encode = true);
 
   // Appends the ids of one pre-tokenized word (UTF-8 text, not yet byte-level mapped).
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
@@ -50,7 +55,9 @@ class BpeVocab {
   std::unordered_map<std::string, int32_t> text_merges_;  // text_key -> rank, a part no token
   std::string byte_char_[256];    // bytes_to_unicode, as UTF-8
   int32_t byte_id_[256];          // the token of each byte's character, or -1
+  int32_t hex_byte_id_[256];      // the <0xXX> token of each byte, or -1 (without byte_encode)
   bool ignore_merges_;
+  bool byte_encode_;
 };
 
 }  // namespace ember

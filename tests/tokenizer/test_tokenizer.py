@@ -11,14 +11,16 @@ import pytest
 from ember import cli
 from ember.errors import EmberError
 from ember.hub import resolve_model
-from ember.tokenizer.pretokenizers import PRE_TOKENIZERS
+from ember.tokenizer.pretokenizers import PRE_TOKENIZERS, UNSUPPORTED
 from ember.tokenizer.tokenizer import Tokenizer
 from tokenizer_support import (
     REGISTRY_MODELS,
     corpus_cases,
     corpus_texts,
+    gemma4_metadata,
     llama_cpp_fixture,
     metadata,
+    qwen35_metadata,
     tokenizer,
 )
 
@@ -177,7 +179,7 @@ def test_decode_keeps_spaces_where_the_pre_tokenizer_does_not_clean_them():
     assert gpt2_style("qwen2", tokens).decode(range(3)) == "I 'm ,"
 
 
-@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+@pytest.mark.parametrize("pre", sorted(name for name, pre in PRE_TOKENIZERS.items() if pre.byte_encode))
 def test_every_known_pre_tokenizer_builds_and_round_trips(pre):
     alphabet = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(0xA1, 0x100) if c != 0xAD]
     alphabet += [chr(0x100 + n) for n in range(256 - len(alphabet))]  # GPT-2's bytes_to_unicode
@@ -453,3 +455,57 @@ def test_the_native_substring_set_finds_what_python_finds():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         expected = sorted({strings.index(s) for s in strings if s and s in text})
         assert matcher.present(text) == expected
+
+
+# -- every pre-tokenizer llama.cpp knows; Qwen3.5's and Gemma 4's against llama.cpp ------------------
+
+def test_every_pre_tokenizer_llama_cpp_knows_is_ember_s_or_refused_by_name():
+    names = llama_cpp_fixture("llama_cpp_pre_tokenizers")["names"]
+    assert len(names) >= 90
+    assert [name for name in names if name not in PRE_TOKENIZERS and name not in UNSUPPORTED] == []
+    for name in UNSUPPORTED:
+        md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": name,
+              "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}
+        with pytest.raises(EmberError, match=f"tokenizer.ggml.pre={name!r} .*llama.cpp knows but ember does not"):
+            Tokenizer.from_metadata(md)
+
+
+SYNTHETIC = {"qwen35-vocab": qwen35_metadata, "gemma4-vocab": gemma4_metadata}
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_qwen35_and_gemma4_ids_equal_llama_cpp_for_the_corpus(name):
+    tok = Tokenizer.from_metadata(SYNTHETIC[name]())
+    cases = llama_cpp_fixture(f"tokenize-corpus-{name}")["cases"]
+    wrong = [(c["text"], c["parse_special"]) for c in cases
+             if tok.encode(c["text"], parse_special=c["parse_special"]) != c["ids"]]
+    assert len(cases) >= 300
+    assert wrong == []
+    assert sorted(tok.eog_ids) == llama_cpp_fixture(f"tokenize-corpus-{name}")["eog_ids"]
+
+
+@pytest.mark.model
+def test_gemma4_always_adds_bos_and_decodes_its_spaces():
+    tok = Tokenizer.from_metadata(gemma4_metadata())
+    ids = tok.encode("Hello world, naïve 😀\n\n")
+    assert ids[0] == tok.bos_id and tok.add_bos  # though the file says add_bos_token = false
+    assert tok.decode(ids, skip_special=True) == "Hello world, naïve 😀\n\n"
+
+
+def gemma4_style(tokens: list[str], merges: list[str]) -> Tokenizer:
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    return Tokenizer.from_metadata({
+        "tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": ["<pad>", "<bos>", *bytes_, *tokens],
+        "tokenizer.ggml.token_type": np.array([3, 3] + [6] * 256 + [1] * len(tokens), np.int32),
+        "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 1})
+
+
+def test_gemma4_merges_characters_not_bytes_and_falls_back_to_byte_tokens():
+    tok = gemma4_style(["\u2581", "é", "t", "\u2581é", "\u2581ét"], ["\u2581 é", "\u2581é t"])
+    assert pieces_of(tok, " étx") == ["\u2581ét", "<0x78>"]
+
+
+def test_gemma4_keeps_a_run_of_newlines_that_is_a_token_whole():
+    tok = gemma4_style(["\n", "\n\n\n"], [])
+    assert pieces_of(tok, "\n\n\n") == ["\n\n\n"] and pieces_of(tok, "\n\n") == ["\n", "\n"]

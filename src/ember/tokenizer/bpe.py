@@ -1,4 +1,5 @@
-"""Byte-level BPE ("gpt2" vocabularies) with llama.cpp's ids (llm_tokenizer_bpe).
+"""Byte-level BPE ("gpt2" vocabularies) with llama.cpp's ids (llm_tokenizer_bpe); also the BPE of
+Gemma 4 ("gemma4"): spaces written "▁", merges over the raw UTF-8 characters, <0xXX> byte tokens.
 
 The text is cut at special tokens first (ember.special_tokens); each plain piece is split into
 words by the regexes that tokenizer.ggml.pre names (`tokenizers`' Split pre-tokenizers, one
@@ -15,13 +16,16 @@ from tokenizers import Regex, pre_tokenizers
 from ember import _core
 from ember.gguf.strings import string_table
 from ember.tokenizer.special_tokens import SpecialTokens
+from ember.tokenizer.spm import SPACE
 from ember.tokenizer.vocab import Vocab
 
 
 class BpeEncoder:
     def __init__(self, vocab: Vocab):
         merges, merge_fields = string_table(vocab.merges)
-        self._native = _core.BpeVocab(vocab.index, merges, merge_fields, vocab.pre.ignore_merges)
+        self._native = _core.BpeVocab(vocab.index, merges, merge_fields, vocab.pre.ignore_merges,
+                                      vocab.pre.byte_encode)
+        self._escape_whitespace = vocab.pre.escape_whitespace
         self._special = SpecialTokens(vocab)
         self._split = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(regex), "isolated") for regex in vocab.pre.regexes])
@@ -30,4 +34,6 @@ class BpeEncoder:
         return self._special.encode(text, parse_special, self._encode_plain)
 
     def _encode_plain(self, text: str, out: list[int]) -> None:
+        if self._escape_whitespace:
+            text = text.replace(" ", SPACE)
         out.extend(self._native.encode([word for word, _ in self._split.pre_tokenize_str(text)]))

@@ -19,8 +19,44 @@ _LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _KANA_HAN = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+# Qwen3.5: marks (\p{M}) belong to words
+_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_JAIS2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+          r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}")
+_MINICPM5 = (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK3_WORDS = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+")
+_DEEPSEEK3 = (r"\p{N}{1,3}", _KANA_HAN,
+              _DEEPSEEK3_WORDS + "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+_SPARK2_5 = (r"\p{N}{1,3}", _KANA_HAN,
+             _DEEPSEEK3_WORDS + "| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+", r"\p{N}")
+_UPPER_THEN_LOWER = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:" + _CONTRACTIONS
+                     + r")?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:"
+                     + _CONTRACTIONS + ")?")
+_YOUTU = ("[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+          "\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+          _UPPER_THEN_LOWER + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CASED_WORDS = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+                r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*")
+_TEKKEN = _CASED_WORDS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:" + _CONTRACTIONS + r")?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:" + _CONTRACTIONS + r")?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GRANITE_EMB_MULTI = _GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+_PORO = r" ?[^(\s|.,!?…。，、।۔،)]+"
+_CHAMELEON = ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\t\n]|    |  )", r"\p{N}",
+              r"[\p{P}!-/:-@\[-`{-~]", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)")
+_BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]|\s+(?!\S)|\s+")
+_SEED_CODER = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+_UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_EXAONE_MOE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+               r"|\s*[\r\n]|\s+(?!\S)|\s+")
+_LINES = "[^\n]+|[\n]+"
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _DEEPSEEK_LLM_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 _DEEPSEEK_LLM_LETTERS = (
     "\\s?["
@@ -48,6 +84,10 @@ class PreTokenizer:
     ignore_merges: bool = False  # a word that is itself a token is not merged piece by piece
     clean_spaces: bool = True  # detokenize drops the space before . , ! ? and some contractions
     add_bos: bool = False  # default for add_bos_token when the file does not say
+    byte_encode: bool = True  # GPT-2's byte-level characters; False: merges over the raw UTF-8 characters
+    escape_whitespace: bool = False  # spaces are "▁" in the vocabulary (SentencePiece-style BPE)
+    force_bos: bool = False  # BOS even where the file's add_bos_token says no (Gemma 4)
+    default_bos: bool = True  # BOS is token 11 when the file names none (llama.cpp's BPE default)
 
 
 _DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"))
@@ -55,6 +95,13 @@ _GPT2_STYLE = PreTokenizer((_GPT2,))
 _STARCODER = PreTokenizer((r"\p{N}", _GPT2))
 _LLAMA3_STYLE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
 _QWEN2_STYLE = PreTokenizer((_QWEN2,), clean_spaces=False)
+_GEMMA4 = PreTokenizer((_LINES,), byte_encode=False, escape_whitespace=True, force_bos=True)
+_DEEPSEEK3_STYLE = PreTokenizer(_DEEPSEEK3, clean_spaces=False)
+_GPT4O_STYLE = PreTokenizer((_GPT4O,), clean_spaces=False)
+_PORO_STYLE = PreTokenizer((_PORO,), clean_spaces=False)
+_CHATGLM4 = PreTokenizer((_LLAMA3,), default_bos=False)
+_UNCLEANED_GPT2 = PreTokenizer((_GPT2,), clean_spaces=False)
+_UNCLEANED_QWEN2 = _QWEN2_STYLE
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "default": _DEFAULT,
@@ -68,6 +115,64 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "llama-v3": _LLAMA3_STYLE,
     "llama-bpe": _LLAMA3_STYLE,
     "falcon3": _LLAMA3_STYLE,
+    "falcon-h1": _LLAMA3_STYLE,
+    "pixtral": _LLAMA3_STYLE,
+    "midm-2.0": _LLAMA3_STYLE,
+    "lfm2": _LLAMA3_STYLE,
+    "jina-v5-nano": _LLAMA3_STYLE,
+    "minicpm5": PreTokenizer(_MINICPM5, ignore_merges=True),
+    "jina-es": _GPT2_STYLE,
+    "jina-de": _GPT2_STYLE,
+    "gigachat": _GPT2_STYLE,
+    "jina-v2-es": _GPT2_STYLE,
+    "jina-v2-de": _GPT2_STYLE,
+    "a.x-4.0": _GPT2_STYLE,
+    "mellum": _GPT2_STYLE,
+    "modern-bert": _GPT2_STYLE,
+    "jina-v1-en": _GPT2_STYLE,
+    "jina-v2-code": _GPT2_STYLE,
+    "roberta-bpe": _GPT2_STYLE,
+    "exaone4": _GPT2_STYLE,
+    "trillion": _UNCLEANED_GPT2,
+    "granite-docling": _UNCLEANED_GPT2,
+    "jais-2": PreTokenizer((_JAIS2,)),
+    "gemma4": _GEMMA4,
+    "granite-embed-multi-311m": _GEMMA4,
+    "sarvam-moe": PreTokenizer((_LINES,), byte_encode=False, escape_whitespace=True, clean_spaces=False),
+    "qwen35": PreTokenizer((_QWEN35,), clean_spaces=False),
+    "kormo": _QWEN2_STYLE,
+    "f2llmv2": _QWEN2_STYLE,
+    "hunyuan": _UNCLEANED_QWEN2,
+    "solar-open": _UNCLEANED_QWEN2,
+    "grok-2": _UNCLEANED_QWEN2,
+    "spark2_5": PreTokenizer(_SPARK2_5, clean_spaces=False),
+    "youtu": PreTokenizer(_YOUTU, clean_spaces=False, ignore_merges=True),
+    "hunyuan-dense": _DEEPSEEK3_STYLE,
+    "hy_v4": _DEEPSEEK3_STYLE,
+    "joyai-llm": _DEEPSEEK3_STYLE,
+    "poro-chat": _PORO_STYLE,
+    "bloom": PreTokenizer((_PORO,)),
+    "gpt3-finnish": PreTokenizer((_PORO,)),
+    "viking": PreTokenizer((_PORO, r"\p{N}"), clean_spaces=False),
+    "chatglm-bpe": _CHATGLM4,
+    "glm4": PreTokenizer((_LLAMA3,), ignore_merges=True, default_bos=False),
+    "glm5": PreTokenizer((_LLAMA3,), ignore_merges=True, default_bos=False),
+    "tekken": PreTokenizer((_TEKKEN,), clean_spaces=False, ignore_merges=True, add_bos=True),
+    "exaone-moe": PreTokenizer((_EXAONE_MOE,)),
+    "chameleon": PreTokenizer(_CHAMELEON, add_bos=True, clean_spaces=False),
+    "gpt-4o": _GPT4O_STYLE,
+    "llama4": _GPT4O_STYLE,
+    "kanana2": _GPT4O_STYLE,
+    "talkie": _GPT4O_STYLE,
+    "minimax-m2": _GPT4O_STYLE,
+    "granite-embed-multi-97m": PreTokenizer((_GRANITE_EMB_MULTI,), clean_spaces=False, ignore_merges=True),
+    "bailingmoe": PreTokenizer((_BAILINGMOE,), clean_spaces=False),
+    "bailingmoe2": PreTokenizer((_BAILINGMOE,), clean_spaces=False),
+    "llada-moe": PreTokenizer((_BAILINGMOE,), clean_spaces=False),
+    "seed-coder": PreTokenizer((_SEED_CODER,), clean_spaces=False),
+    "ufakzeka": PreTokenizer((_UFAKZEKA,), clean_spaces=False),
+    "laguna": PreTokenizer((_LINES, _QWEN2), clean_spaces=False),
+    "mellum2": _STARCODER,
     "dbrx": PreTokenizer((_LLAMA3,)),
     "smaug-bpe": PreTokenizer((_LLAMA3,)),
     "qwen2": _QWEN2_STYLE,
@@ -101,17 +206,26 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
         _CJK,
         r"\p{N}",
     ), clean_spaces=False),
-    "deepseek-v3": PreTokenizer((
-        r"\p{N}{1,3}",
-        _KANA_HAN,
-        ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-         "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
-    ), clean_spaces=False),
+    "deepseek-v3": _DEEPSEEK3_STYLE,
+}
+
+
+# Names llama.cpp knows whose splitting is its own code, not a regex ember can run the same way.
+UNSUPPORTED = {
+    "kimi-k2": "Kimi K2's tokenizer (no BPE merges, \\p{Han} runs)",
+    "afmoe": "AFMoE's digit grouping",
+    "superbpe": "SuperBPE's digit grouping by empty matches",
+    "tiny_aya": "Tiny Aya's digit grouping",
+    "cohere2moe": "Tiny Aya's digit grouping",
+    "whitespace": "the whitespace tokenizer",
 }
 
 
 def pre_tokenizer(name: str) -> PreTokenizer:
-    """The pre-tokenizer that `tokenizer.ggml.pre` names; an unknown name is an error."""
+    """The pre-tokenizer that `tokenizer.ggml.pre` names; an unknown or unsupported name is an error."""
+    if name in UNSUPPORTED:
+        raise EmberError(f"the pre-tokenizer tokenizer.ggml.pre={name!r} ({UNSUPPORTED[name]}) is one llama.cpp "
+                         "knows but ember does not support yet")
     try:
         return PRE_TOKENIZERS[name]
     except KeyError:

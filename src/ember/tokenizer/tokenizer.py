@@ -141,7 +141,8 @@ class Tokenizer:
         if attr & _VERBATIM:
             return text.encode()
         if attr & NORMAL:
-            return byte_level_bytes(text) if self._vocab.kind == "bpe" else _spm_bytes(text)
+            pre = self._vocab.pre
+            return byte_level_bytes(text) if pre is not None and pre.byte_encode else _spm_bytes(text)
         if attr & BYTE:
             return _byte_token_bytes(text)
         return b""

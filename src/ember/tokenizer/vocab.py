@@ -31,7 +31,9 @@ BYTE = 1 << 5
 # tokenizer.ggml.token_type value -> attribute (0 = undefined and anything unknown).
 _ATTR_OF_TYPE = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 
-MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm"}
+MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm", "gemma4": "bpe"}
+# tokenizer models whose pre-tokenizer is fixed, whatever tokenizer.ggml.pre says (llama.cpp)
+_OWN_PRE = {"gemma4": "gemma4"}
 
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
@@ -115,7 +117,7 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
     elif not isinstance(tokens, StringArray):
         tokens = list(tokens)
     n_vocab = len(tokens)
-    pre = _pre_tokenizer(metadata) if kind == "bpe" else None
+    pre = (pre_tokenizer(_OWN_PRE[model]) if model in _OWN_PRE else _pre_tokenizer(metadata)) if kind == "bpe" else None
     merges = string_array_key(metadata, "tokenizer.ggml.merges") if kind == "bpe" else None
     if kind == "bpe" and merges is None:
         raise EmberError("a BPE vocabulary needs tokenizer.ggml.merges, which is missing")
@@ -128,7 +130,8 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         pre=pre,
         special={},
         eog_ids=frozenset(),
-        add_bos=_flag(metadata, "add_bos_token", kind == "spm" or (pre is not None and pre.add_bos)),
+        add_bos=(pre is not None and pre.force_bos)
+        or _flag(metadata, "add_bos_token", kind == "spm" or (pre is not None and pre.add_bos)),
         add_eos=_flag(metadata, "add_eos_token", False),
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
         clean_spaces=pre.clean_spaces if pre is not None else kind == "wpm",
@@ -164,6 +167,8 @@ def _special_ids(metadata: dict, vocab: Vocab) -> dict[str, int | None]:
     default_bos, default_eos = (1, 2) if vocab.kind == "spm" else (11, 11)
     special: dict[str, int | None] = dict.fromkeys(_SPECIAL_KEYS)
     defaults = _WPM_DEFAULTS if vocab.kind == "wpm" else {"bos": default_bos, "eos": default_eos}
+    if vocab.pre is not None and not vocab.pre.default_bos:
+        defaults["bos"] = None
     for name, default in defaults.items():
         special[name] = default if default is not None and default < n_vocab else None
     keys = [(name, name) for name in _SPECIAL_KEYS] + list(_LEGACY_FIM_KEYS.items())
