@@ -36,6 +36,7 @@ ARCHITECTURES = {
     "granite": "ember.models.granite",
     "phi3": "ember.models.phi3",
     "bert": "ember.models.bert",
+    "nomic-bert": "ember.models.nomic_bert",
 }
 
 

@@ -44,21 +44,28 @@ def token_type_row(b: Builder, row: int = 0) -> int:
 
 
 def embeddings(b: Builder) -> int:
-    """LayerNorm(token + position + token type embedding)."""
+    """LayerNorm(token + position + token type embedding); rotary encoders have no position embedding."""
     g = b.g
-    x = g.add(g.get_rows(b.weight("token_embd.weight")), g.get_rows(b.weight("position_embd.weight"), by_position=True))
+    x = g.get_rows(b.weight("token_embd.weight"))
+    if b.has("position_embd.weight"):
+        x = g.add(x, g.get_rows(b.weight("position_embd.weight"), by_position=True))
     types = token_type_row(b)
     if types >= 0:
         x = g.add(x, types)
     return b.layer_norm(x, "token_embd_norm")
 
 
-def encoder_layer(b: Builder, x: int, il: int, attend) -> int:
-    """Post-norm block: x = LN(x + Attn(x)); x = LN(x + MLP(x)). attend(b, x, il) -> heads' output."""
+def gelu_mlp(b: Builder, x: int, il: int) -> int:
+    p = f"blk.{il}"
+    return b.linear(b.g.gelu(b.linear(x, f"{p}.ffn_up")), f"{p}.ffn_down")
+
+
+def encoder_layer(b: Builder, x: int, il: int, attend, mlp=gelu_mlp) -> int:
+    """Post-norm block: x = LN(x + Attn(x)); x = LN(x + MLP(x)). attend(b, x, il) gives the heads'
+    output, mlp(b, x, il) the MLP's."""
     g, p = b.g, f"blk.{il}"
     x = b.layer_norm(g.add(x, b.linear(attend(b, x, il), f"{p}.attn_output")), f"{p}.attn_output_norm")
-    h = b.linear(g.gelu(b.linear(x, f"{p}.ffn_up")), f"{p}.ffn_down")
-    return b.layer_norm(g.add(x, h), f"{p}.layer_output_norm")
+    return b.layer_norm(g.add(x, mlp(b, x, il)), f"{p}.layer_output_norm")
 
 
 def self_attention(b: Builder, x: int, il: int) -> int:
