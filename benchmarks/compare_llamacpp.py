@@ -1,10 +1,17 @@
-"""ember beside llama.cpp on the registry models: speed (pp/tg), peak RSS and start-up time.
+"""ember beside llama.cpp on GGUF files: speed (pp/tg), peak RSS and start-up time.
 
     python benchmarks/compare_llamacpp.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m]
         [-p 512] [-n 128] [-t 1,2] [--rounds 3] [--reps 2] [-c 512] [--gen 128]
         [--mem-rounds 2] [--start-rounds 5] [--only speed,memory,start] [--json FILE]
+        [--llama-bin DIR]
 
-Needs llama.cpp's llama-bench and llama-completion on PATH, or in the folder $LLAMA_CPP_BIN.
+--models takes registry names, Hugging Face names (ORG/REPO[:QUANT]) and paths of .gguf files
+(such as those synthetic_models.py writes), comma-separated; a file is labelled by its name in
+the tables. Every model is resolved, and every path checked to be a GGUF file, before anything
+is measured.
+
+Needs llama.cpp's llama-bench (speed) and llama-completion (memory, start) in the folder
+--llama-bin, else $LLAMA_CPP_BIN, else on PATH; only the binaries of the parts asked for.
 The two engines run alternately (ember, llama.cpp, ember, llama.cpp, ...) and every figure is
 the median over all runs of an engine, so a change in machine load hits both.
 
@@ -23,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 from runner import (
     ember_command,
@@ -101,6 +110,33 @@ def measure_start(path: str, args) -> dict:
     return {"seconds": dict(seconds), "errors": errors}
 
 
+def resolve_models(names: str) -> dict[str, str]:
+    """Label -> path of each model named in --models (a file's label is its name, or its whole
+    path where two files share a name). Exits with one line for a model that cannot be found
+    or a file that is not GGUF."""
+    from ember.errors import EmberError
+    from ember.gguf.format import MAGIC
+    from ember.hub import resolve_model
+
+    resolved = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        try:
+            path = resolve_model(name)
+        except EmberError as exc:
+            raise SystemExit(f"compare_llamacpp: {exc}") from None
+        with open(path, "rb") as fh:
+            if fh.read(4) != MAGIC:
+                raise SystemExit(f"compare_llamacpp: {path} is not a GGUF file")
+        is_file = Path(name).expanduser().is_file()
+        resolved.append((Path(name).name if is_file else name, name, str(path)))
+    if not resolved:
+        raise SystemExit("compare_llamacpp: --models names no model")
+    labels = [label for label, _, _ in resolved]
+    return {(label if labels.count(label) == 1 else name): path for label, name, path in resolved}
+
+
 def median(values):
     return statistics.median(values) if values else None
 
@@ -166,7 +202,8 @@ def report(results: dict, args, header: list[str]) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=DEFAULT_MODELS, help="registry names or .gguf paths, comma-separated")
+    parser.add_argument("--models", default=DEFAULT_MODELS,
+                        help="registry names, Hugging Face names or .gguf paths, comma-separated")
     parser.add_argument("-p", "--n-prompt", type=int, default=512)
     parser.add_argument("-n", "--n-gen", type=int, default=128)
     parser.add_argument("-t", "--threads", default="1,2")
@@ -180,7 +217,11 @@ def parse_args(argv=None):
     parser.add_argument("--llama-no-warmup", action="store_true", help="pass --no-warmup to llama-completion")
     parser.add_argument("--llama-commit", default=None, help="llama.cpp commit to print in the header")
     parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
+    parser.add_argument("--llama-bin", default=None,
+                        help="folder of llama.cpp's binaries (default: $LLAMA_CPP_BIN, else PATH)")
     args = parser.parse_args(argv)
+    if args.llama_bin:
+        os.environ["LLAMA_CPP_BIN"] = args.llama_bin
     args.only = set(args.only.split(","))
     args.run_threads = max(int(t) for t in args.threads.split(","))
     return args
@@ -188,17 +229,18 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from ember.hub import resolve_model
-
     started = time.perf_counter()
-    llama_bench = llama_binary("llama-bench")
-    llama_binary("llama-completion")
+    needed = (["llama-bench"] if "speed" in args.only else []) + \
+        (["llama-completion"] if args.only & {"memory", "start"} else [])
+    binaries = [llama_binary(name) for name in needed]
+    models = resolve_models(args.models)
+    version = llama_version(binaries[0]) if binaries else "not run"
     header = [f"machine: {machine_summary()}", f"ember: {ember_version()}",
-              f"llama.cpp: {llama_version(llama_bench)}" + (f", commit {args.llama_commit}" if args.llama_commit else "")]
+              f"llama.cpp: {version}" + (f", commit {args.llama_commit}" if args.llama_commit else "")]
+    header += [f"{label}: {path}" for label, path in models.items() if label != path]
     print("\n".join(header), file=sys.stderr, flush=True)
     results = {}
-    for model in args.models.split(","):
-        path = str(resolve_model(model))
+    for model, path in models.items():
         results[model] = {}
         for part, measure in (("speed", measure_speed), ("memory", measure_memory), ("start", measure_start)):
             if part in args.only:
