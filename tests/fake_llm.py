@@ -88,12 +88,19 @@ class FakeModel:
         return len(self.tokens)
 
     def eval(self, tokens: Sequence[int], seq: int = 0, logits: str = "last") -> np.ndarray:
+        """The logits after the last token ("last"), or after each of them ("all")."""
         tokens = [int(t) for t in tokens]
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextFullError(f"{len(self.tokens) + len(tokens)} tokens do not fit in {self.n_ctx}")
         if self.delay:
             time.sleep(self.delay)
         self.eval_calls.append(tokens)
+        if logits == "all":  # a row after each of the tokens, as the runtime returns them
+            rows = []
+            for token in tokens:
+                self.tokens.append(token)
+                rows.append(self.next_logits(list(self.tokens)))
+            return np.stack(rows)
         self.tokens.extend(tokens)
         return self.next_logits(list(self.tokens))
 

@@ -299,3 +299,22 @@ def test_real_model_run_with_a_json_schema():
                        "What is the capital of France?")
     assert result.returncode == 0, result.stderr
     assert set(json.loads(result.stdout)) == {"capital"}
+
+
+def test_lookup_prints_the_same_text_and_its_draft_counts(tmp_path, capsys):
+    from tiny_gguf import write_tiny_model
+
+    path = str(write_tiny_model(tmp_path / "tiny.gguf"))
+    argv = ["-m", path, "-n", "40", "--temp", "0", "-t", "1", "-p", "the cat. the cat. the"]
+    code, plain, err = run(argv, capsys)
+    assert code == 0 and "ember: lookup" not in err
+    code, looked_up, err = run(argv + ["--lookup", "--lookup-ngram-min", "1", "--draft-max", "6"], capsys)
+    assert code == 0 and looked_up == plain
+    assert re.search(r"ember: lookup      = +\d+ drafted, +\d+ accepted \((\d+\.\d%|-)\)\n", err)
+
+
+def test_bad_lookup_sizes_are_one_line(capsys):
+    code, out, err = run(["-m", "smollm2-135m", "--lookup", "--lookup-ngram-min", "5", "--lookup-ngram-max", "2",
+                          "hi"], capsys)
+    assert code == 2 and out == ""
+    assert err == "ember: error: lookup ngram_min (5) is larger than ngram_max (2)\n"

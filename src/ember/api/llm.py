@@ -31,6 +31,7 @@ from ember.engine.constraints import Grammar, grammar_from_request
 from ember.engine.generate import Generation, SequenceCache, SequenceState
 from ember.engine.load import Loaded, chat_template_of
 from ember.engine.load import load as load_model
+from ember.engine.lookup import Lookup, lookup_options
 from ember.engine.sampling_params import CHAT_TEMPERATURE, SamplingParams
 from ember.engine.sampling_params import DEFAULTS as D
 from ember.errors import EmberError
@@ -65,31 +66,37 @@ class LLM:
       gemma, ...), a template file or template text.
     pooling: how embed() turns token states into one vector: none, mean, cls or last (default: the
       file's <arch>.pooling_type, else mean with a warning).
+    lookup: prompt-lookup decoding for every request (True, or an `ember.Lookup` with its n-gram
+      sizes and draft length): tokens guessed from the prompt and the output so far are checked
+      in one batched step; the output is the same, faster where it repeats its prompt (editing).
     """
 
     def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
                  seed: int | None = None, n_batch: int = 512, activations: str = "int8", use_mmap: bool = True,
-                 use_mlock: bool = False, chat_template: str | None = None, pooling: str | None = None):
+                 use_mlock: bool = False, chat_template: str | None = None, pooling: str | None = None,
+                 lookup: Lookup | bool | None = None):
+        lookup = lookup_options(lookup)
         loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations,
                             use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template)
-        self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed)
+        self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed, lookup)
         self._template_override = chat_template  # parsed on first use, like the file's own
         self._pooling = pooling
 
     @classmethod
-    def from_loaded(cls, loaded: Loaded, seed: int | None = None) -> "LLM":
+    def from_loaded(cls, loaded: Loaded, seed: int | None = None, lookup: Lookup | bool | None = None) -> "LLM":
         """An LLM over what `ember.engine.load.load` returned (the server builds its model so)."""
-        return cls.from_components(loaded.model, loaded.tokenizer, loaded.chat_template, loaded.name, seed)
+        return cls.from_components(loaded.model, loaded.tokenizer, loaded.chat_template, loaded.name, seed, lookup)
 
     @classmethod
     def from_components(cls, model, tokenizer, chat_template=None, name: str = "model",
-                        seed: int | None = None) -> "LLM":
+                        seed: int | None = None, lookup: Lookup | bool | None = None) -> "LLM":
         """An LLM over an already built runtime model, tokenizer and (optional) chat template."""
         llm = cls.__new__(cls)
-        llm._setup(model, tokenizer, chat_template, name, seed)
+        llm._setup(model, tokenizer, chat_template, name, seed, lookup_options(lookup))
         return llm
 
-    def _setup(self, model, tokenizer, chat_template, name: str, seed: int | None) -> None:
+    def _setup(self, model, tokenizer, chat_template, name: str, seed: int | None, lookup: Lookup | None) -> None:
+        self.lookup = lookup
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -204,9 +211,11 @@ class LLM:
 
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                    max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
-                   logprobs: int | None = None, keep_special: bool = False) -> Generation:
+                   logprobs: int | None = None, keep_special: bool = False,
+                   lookup: Lookup | bool | None = None) -> Generation:
         """A `Generation` (an iterator of chunks with counts and timings) for a prompt: text (str, or
-        UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text."""
+        UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text;
+        lookup: prompt-lookup decoding for this request (True, False or a `Lookup`; None: the LLM's)."""
         if getattr(self.model, "is_encoder", False):
             raise EmberError(f"{self.name} is an embedding model ({self.model.hp.arch}); it cannot generate "
                              "text: use embed() or create_embedding()")
@@ -214,8 +223,9 @@ class LLM:
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
             params = _with_seed(params, int(self._seeds.integers(2**32)))
+        lookup = self.lookup if lookup is None else lookup_options(lookup)
         return Generation(self.model, self.tokenizer, tokens, params, max_tokens=max_tokens, stop=stop,
-                          logprobs=logprobs, cache=self._cache, keep_special=keep_special)
+                          logprobs=logprobs, cache=self._cache, keep_special=keep_special, lookup=lookup)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
                  temperature: float = D.temperature, top_k: int = D.top_k, top_p: float = D.top_p,
@@ -223,19 +233,20 @@ class LLM:
                  stop: Sequence[str] | str | None = None, seed: int | None = None, stream: bool = False,
                  grammar: str | Grammar | None = None, json_schema: dict | str | None = None,
                  regex: str | None = None, choice: Sequence[str] | None = None,
-                 **sampling) -> str | Iterator[str]:
+                 lookup: Lookup | bool | None = None, **sampling) -> str | Iterator[str]:
         """Continue a prompt: the generated text, or an iterator of its pieces with stream=True.
 
         More sampling options (frequency_penalty, presence_penalty, repeat_last_n, logit_bias)
         are accepted as keywords; see `SamplingParams`. max_tokens=None: until the model stops.
         At most one constraint: `grammar` (GBNF or Lark text, or a `Grammar`), `json_schema`,
         `regex` or `choice` (a list of strings); the text then always matches it, and
-        generation ends where it is complete.
+        generation ends where it is complete. lookup: prompt-lookup decoding (see `LLM`; None:
+        the LLM's setting).
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, seed=seed,
                                 grammar=grammar_from_request(grammar, json_schema, regex, choice), **sampling)
-        generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop)
+        generation = self.generation(prompt, params, max_tokens=max_tokens, stop=stop, lookup=lookup)
         return _pieces(generation) if stream else generation.text()
 
     def chat(self, messages: Sequence[Message], max_tokens: int | None = None,

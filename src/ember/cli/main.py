@@ -239,6 +239,18 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _add_lookup(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup", action="store_true",
+                   help="prompt-lookup decoding: check tokens guessed from the prompt and output in one batched "
+                        "step (same output; faster where the output repeats the prompt)")
+    p.add_argument("--lookup-ngram-min", type=_positive_int, default=2, metavar="N",
+                   help="shortest n-gram of the last tokens to look up (default: %(default)s)")
+    p.add_argument("--lookup-ngram-max", type=_positive_int, default=4, metavar="N",
+                   help="longest n-gram of the last tokens to look up (default: %(default)s)")
+    p.add_argument("--draft-max", "--draft", dest="draft_max", type=_positive_int, default=10, metavar="N",
+                   help="most draft tokens per step with --lookup (default: %(default)s)")
+
+
 def _add_constraints(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--grammar", default=None, metavar="GBNF",
@@ -305,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (implies --chat)")
+    _add_lookup(p)
     _add_constraints(p)
     _add_chat_template(p)
 

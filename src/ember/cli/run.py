@@ -38,6 +38,15 @@ def grammar_from_args(args):
     return grammar_from_request(grammar=grammar, json_schema=schema)
 
 
+def lookup_from_args(args):
+    """The Lookup of --lookup and its sizes (None without --lookup)."""
+    if not getattr(args, "lookup", False):
+        return None
+    from ember.engine.lookup import Lookup
+
+    return Lookup(ngram_min=args.lookup_ngram_min, ngram_max=args.lookup_ngram_max, n_draft=args.draft_max)
+
+
 def for_model(params: SamplingParams, args, tokenizer) -> SamplingParams:
     """The options that need the model's vocabulary: --ignore-eos bans its end-of-generation tokens."""
     if not args.ignore_eos:
@@ -94,6 +103,7 @@ def cli_run(args, stdout=None, stderr=None) -> int:
     stderr = stderr or sys.stderr
     prompt = prompt_text(args)
     params = sampling_from_args(args)
+    lookup = lookup_from_args(args)
     llm, t_load = load_llm(args)
     params = for_model(params, args, llm.tokenizer)
     if args.chat or args.system is not None:
@@ -101,7 +111,7 @@ def cli_run(args, stdout=None, stderr=None) -> int:
         tokens = llm.chat_tokens(messages + [{"role": "user", "content": prompt}])
     else:
         tokens = llm.prompt_tokens(prompt)
-    generation = llm.generation(tokens, params, max_tokens=args.n_predict, stop=args.stop)
+    generation = llm.generation(tokens, params, max_tokens=args.n_predict, stop=args.stop, lookup=lookup or False)
     if not params.greedy:
         print(f"ember: seed = {generation.seed}", file=stderr, flush=True)
     last = ""
@@ -126,4 +136,8 @@ def print_timings(t_load: float, generation, stderr) -> None:
           f" ({rate(generation.n_prompt_evaluated, generation.t_prompt)})", file=stderr)
     print(f"ember: generation  = {generation.t_generate * 1e3:10.2f} ms / {generation.n_generated:5d} tokens"
           f" ({rate(generation.n_generated, generation.t_generate)})", file=stderr)
+    if getattr(generation, "lookup", None) is not None:
+        accepted = f"{100 * generation.n_accepted / generation.n_drafted:.1f}%" if generation.n_drafted else "-"
+        print(f"ember: lookup      = {generation.n_drafted:5d} drafted, {generation.n_accepted:5d} accepted "
+              f"({accepted})", file=stderr)
     stderr.flush()

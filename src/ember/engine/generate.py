@@ -16,6 +16,12 @@ no text, as in llama.cpp's output, unless `keep_special` asks for their text (a 
 markers, such as Mistral's [TOOL_CALLS], are control tokens). With `logprobs=n` each chunk carries the
 log-probability (under the model's raw logits) of the tokens whose text starts in it, with
 the n most likely alternatives.
+
+With `lookup` (engine/lookup.py) each step evaluates the last token together with draft tokens
+found in the prompt and output so far, in one forward pass with logits for every position;
+tokens are sampled from those rows one by one, as plain decoding samples them, and the rows
+after the first sampled token that differs from its draft are dropped with their KV cache.
+`n_drafted` and `n_accepted` count the draft tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ember.engine.lookup import Lookup, NgramIndex
 from ember.engine.runtime import token_ids
 from ember.engine.sampling import Sampler, SamplingParams, token_logprobs
 from ember.errors import ContextFullError, EmberError
@@ -160,7 +167,8 @@ class Generation:
 
     def __init__(self, model, tokenizer, prompt_tokens: Sequence[int], params: SamplingParams | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] | str | None = None,
-                 logprobs: int | None = None, cache: SequenceCache | None = None, keep_special: bool = False):
+                 logprobs: int | None = None, cache: SequenceCache | None = None, keep_special: bool = False,
+                 lookup: Lookup | None = None):
         self.prompt_tokens = token_ids(prompt_tokens, model.n_vocab).tolist()
         if not self.prompt_tokens:
             raise EmberError("the prompt is empty")
@@ -180,6 +188,9 @@ class Generation:
                                          keep_special=keep_special)
         self.tokens = self.continuation.tokens
         self.finish_reason: str | None = None
+        self.lookup = lookup
+        self.n_drafted = 0
+        self.n_accepted = 0
         self.n_prompt_evaluated = 0
         self.t_prompt = 0.0
         self.t_generate = 0.0
@@ -222,27 +233,74 @@ class Generation:
         self.t_prompt = time.perf_counter() - start
         start = time.perf_counter()
         reply = self.continuation
-        while True:
-            if reply.at_limit(self.cache.full):
-                chunk = reply.finish("length")
-            else:
-                if self.n_generated:
-                    logits = self._eval_next(self.tokens[-1])
-                chunk = reply.step(logits)
-            if reply.finish_reason:
-                self.finish_reason = reply.finish_reason
-                self.t_generate += time.perf_counter() - start
-                yield chunk
-                return
-            if chunk.text:
-                self.t_generate += time.perf_counter() - start
-                yield chunk
-                start = time.perf_counter()
+        index = NgramIndex(self.lookup, self.prompt_tokens) if self.lookup else None
+        rows: deque[np.ndarray] = deque([logits])  # logits not sampled from yet, in order
+        drafts: deque[int] = deque()  # the draft token each row after the first was computed for
+        try:
+            while True:
+                # the context is full as plain decoding would see it: without the positions of the unsampled rows
+                if reply.at_limit(self.model.n_past(self.cache.seq) - len(rows) >= self.model.n_ctx):
+                    chunk = reply.finish("length")
+                else:
+                    if self.n_generated and self.cache.owner is not self:
+                        raise EmberError("this generation was interrupted by a newer request on the same model")
+                    if not rows:
+                        self._eval_next(rows, drafts, index)
+                    n_before = self.n_generated
+                    chunk = reply.step(rows.popleft())
+                    if index is not None and self.n_generated > n_before:
+                        self._check_draft(rows, drafts, index)
+                    elif reply.finish_reason:  # an end token: the drafts after it are not the reply's
+                        self._drop_rows(rows, drafts)
+                if reply.finish_reason:
+                    self.finish_reason = reply.finish_reason
+                    self.t_generate += time.perf_counter() - start
+                    yield chunk
+                    return
+                if chunk.text:
+                    self.t_generate += time.perf_counter() - start
+                    yield chunk
+                    start = time.perf_counter()
+        finally:
+            # the first unsampled row follows a token that stays; the drafts after it were never checked
+            if len(rows) > 1 and self.cache.owner is self:
+                self.cache.truncate(len(self.cache.tokens) - len(rows) + 1)
 
-    def _eval_next(self, token: int) -> np.ndarray:
-        if self.cache.owner is not self:
-            raise EmberError("this generation was interrupted by a newer request on the same model")
-        return self.cache.eval([token])
+    def _eval_next(self, rows: deque, drafts: deque, index: NgramIndex | None) -> None:
+        """Evaluate the last token (with a draft after it, under lookup); its rows of logits go to rows."""
+        token = self.tokens[-1]
+        draft = index.draft(self._draft_room()) if index is not None else []
+        if not draft:
+            rows.append(self.cache.eval([token]))
+            return
+        self.n_drafted += len(draft)
+        rows.extend(self.cache.eval([token, *draft], logits="all"))
+        drafts.extend(draft)
+
+    def _draft_room(self) -> int:
+        """How many draft tokens may follow the last one: what the context and max_tokens leave."""
+        room = self.model.n_ctx - self.model.n_past(self.cache.seq) - 1
+        if self.max_tokens is not None:
+            room = min(room, self.max_tokens - self.n_generated - 1)
+        return room
+
+    def _check_draft(self, rows: deque, drafts: deque, index: NgramIndex) -> None:
+        """Record the token just sampled; where it is not the draft's, drop the rows after it."""
+        token = self.tokens[-1]
+        index.append(token)
+        if not drafts:
+            return
+        if token == drafts.popleft() and not self.continuation.finish_reason:
+            self.n_accepted += 1
+            return
+        self._drop_rows(rows, drafts)
+
+    def _drop_rows(self, rows: deque, drafts: deque) -> None:
+        """Forget the unsampled rows and the draft tokens they follow, in the KV cache too."""
+        if rows:
+            self.cache.truncate(len(self.cache.tokens) - len(rows))
+        rows.clear()
+        drafts.clear()
 
 
 class Continuation:
