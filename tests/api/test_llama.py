@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember.api.llama import LLAMA_DEFAULT_SEED, Llama
+from ember.api.llama import LLAMA_DEFAULT_SEED, Llama, LlamaPromptLookupDecoding
 from ember.errors import EmberError, EmberWarning, ModelNotFound, Unsupported
 from tiny_gguf import EOS_ID, N_CTX_TRAIN, TOKENS, write_tiny_model
 
@@ -210,6 +210,21 @@ def test_an_argument_ember_does_not_implement_is_named(tiny_path, argument):
 
 def test_the_defaults_of_unimplemented_arguments_are_fine(tiny_path):
     Llama(tiny_path, lora_path=None, rope_freq_base=0.0, vocab_only=False, numa=False, n_threads=1, verbose=False)
+
+
+def test_a_prompt_lookup_draft_model_gives_the_same_completion(tiny_path, llm):
+    prompt = "the cat sat. the cat sat. the cat"
+    plain = llm(prompt, max_tokens=24, temperature=0)["choices"][0]["text"]
+    draft = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=5)
+    looked_up = Llama(tiny_path, n_threads=1, verbose=False, draft_model=draft)
+    assert looked_up._llm.lookup == ember.Lookup(ngram_min=1, ngram_max=3, n_draft=5)
+    assert looked_up(prompt, max_tokens=24, temperature=0)["choices"][0]["text"] == plain
+    looked_up.close()
+
+
+def test_a_draft_model_other_than_prompt_lookup_is_refused(tiny_path):
+    with pytest.raises(Unsupported, match="draft_model=.*prompt lookup"):
+        Llama(tiny_path, n_threads=1, verbose=False, draft_model=object())
 
 
 def test_an_unknown_argument_is_a_type_error(tiny_path):

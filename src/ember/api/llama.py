@@ -29,6 +29,7 @@ import numpy as np
 
 from ember.api.llm import LLM
 from ember.engine.generate import SequenceState
+from ember.engine.lookup import Lookup
 from ember.engine.sampling_params import CHAT_TEMPERATURE
 from ember.engine.sampling_params import DEFAULTS as D
 from ember.errors import EmberWarning, Unsupported
@@ -43,9 +44,19 @@ _NOT_IMPLEMENTED = {
     "vocab_only": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1, "attention_type": -1,
     "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0,
     "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0, "swa_full": None, "lora_base": None,
-    "lora_scale": 1.0, "lora_path": None, "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None,
+    "lora_scale": 1.0, "lora_path": None, "numa": False, "chat_handler": None, "tokenizer": None,
     "type_k": None, "type_v": None, "no_perf": False,
 }
+
+
+class LlamaPromptLookupDecoding:
+    """llama-cpp-python's prompt-lookup draft model, as `Llama(draft_model=...)` takes it: drafts
+    of up to num_pred_tokens tokens found after the last 1..max_ngram_size tokens (ember.Lookup)."""
+
+    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
+        self.max_ngram_size = max_ngram_size
+        self.num_pred_tokens = num_pred_tokens
+        self.lookup = Lookup(ngram_min=1, ngram_max=max_ngram_size, n_draft=num_pred_tokens)
 
 
 @dataclass
@@ -65,8 +76,12 @@ class Llama:
                  seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  n_threads: int | None = None, n_threads_batch: int | None = None, logits_all: bool = False,
                  embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
-                 spm_infill: bool = False, verbose: bool = True, **kwargs: Any):
+                 spm_infill: bool = False, verbose: bool = True,
+                 draft_model: LlamaPromptLookupDecoding | None = None, **kwargs: Any):
         _check_arguments(kwargs, n_gpu_layers)
+        if draft_model is not None and not isinstance(draft_model, LlamaPromptLookupDecoding):
+            raise Unsupported(f"draft_model={draft_model!r}: ember drafts only by prompt lookup "
+                              "(LlamaPromptLookupDecoding), not with a draft model")
         if n_threads_batch is not None and n_threads_batch != n_threads:
             raise Unsupported(f"n_threads_batch={n_threads_batch}: ember uses the same threads (n_threads) for "
                               "prompts and generation")
@@ -78,7 +93,8 @@ class Llama:
         self._logits_all = logits_all
         self._seed = seed
         self._llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=min(n_batch, n_ubatch),
-                        use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_format)
+                        use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_format,
+                        lookup=draft_model.lookup if draft_model is not None else None)
         self.n_batch = self._llm.model.n_batch
         self.input_ids = np.zeros(0, dtype=np.intc)
         self._scores: list[np.ndarray] = []
