@@ -17,8 +17,9 @@ reference's at every position and every position's cosine similarity is >= 0.999
 model quantized to Q8_0 (`ember convert --outtype q8_0`) and Q4_K_M (`ember quantize`), run with
 ember's 8-bit activations, is compared as the registry models are, with transformers on the
 weights the file holds (dequantized by the gguf package): cosines >= 0.99, and the reference's
-top-1 token wherever its top-2 margin is clear (QUANT_MARGIN of the largest logit: the registry
-models' margins, 0.1 to 0.3 on logits of 15 to 30, are about 1% of theirs). The tensor names must
+top-1 token wherever its top-2 margin is clear (QUANT_MARGIN of the largest logit: ember's 8-bit
+activations, like llama.cpp's, move these models' logits by up to 2% of it, and a top-1 token
+may flip below that, as the registry models' do at their MARGINS). The tensor names must
 be ones gguf-py declares for the architecture. With EMBER_LLAMA_CPP naming a llama.cpp source
 tree, its convert_hf_to_gguf.py converts the same model and must write the same metadata keys,
 tensor names and shapes as `ember convert`, and ember must run its file to the same logits.
@@ -52,7 +53,7 @@ RTOL = 1e-4
 RTOL_PLAIN = 1e-3
 F32_COSINE = 0.9999
 QUANT_COSINE = 0.99
-QUANT_MARGIN = 0.01
+QUANT_MARGIN = 0.03
 LLAMA_CPP = os.environ.get("EMBER_LLAMA_CPP")  # a llama.cpp source tree, for its converter
 WEIGHT_STD = 0.05
 F16_KV = "ember_f16_kv"

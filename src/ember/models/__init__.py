@@ -37,6 +37,7 @@ ARCHITECTURES = {
     "phi3": "ember.models.phi3",
     "bert": "ember.models.bert",
     "nomic-bert": "ember.models.nomic_bert",
+    "glm4": "ember.models.glm4",
 }
 
 
