@@ -255,7 +255,7 @@ def logits_of(path: Path, tokens: np.ndarray) -> np.ndarray:
 
 def rewritten(source, output: Path, metadata: dict | None = None, tensors: dict | None = None) -> Path:
     """A copy of the GGUF file `source` with some metadata values and some tensors (F32 arrays in
-    numpy order; None leaves one out) replaced: the malformed files the validation tests load."""
+    numpy order; None leaves one out) replaced or added: the malformed files the validation tests load."""
     from ember.gguf import GGUFWriter
 
     metadata, tensors = metadata or {}, tensors or {}
@@ -267,8 +267,9 @@ def rewritten(source, output: Path, metadata: dict | None = None, tensors: dict 
     for name, t in f.tensors.items():
         if name not in tensors:
             writer.add_tensor(name, np.array(t.data), t.type, t.shape)
-        elif tensors[name] is not None:
-            writer.add_tensor(name, np.ascontiguousarray(tensors[name], dtype=np.float32))
+    for name, values in tensors.items():
+        if values is not None:
+            writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
     return writer.write()
 
 

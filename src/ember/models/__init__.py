@@ -38,6 +38,7 @@ ARCHITECTURES = {
     "bert": "ember.models.bert",
     "nomic-bert": "ember.models.nomic_bert",
     "glm4": "ember.models.glm4",
+    "stablelm": "ember.models.stablelm",
 }
 
 

@@ -104,3 +104,6 @@ class Converter:
 
     def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
         return []
+
+    def merged_tensors(self, tensors: dict) -> list[tuple[str, np.ndarray]]:
+        return []

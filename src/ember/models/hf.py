@@ -6,7 +6,9 @@ llama.cpp's convert_hf_to_gguf.py does. Each model file (models/<arch>.py) has a
 A converter has `arch` (general.architecture), `metadata() -> {key: value}`,
 `gguf_name(hf_name) -> str | None` (None: not stored), `transforms(hf_name) -> bool` (whether
 `transform(hf_name, values) -> values` changes the tensor; numpy order, float32),
-`shape_after(hf_name, shape)` and `extra_tensors() -> [(gguf name, values)]`.
+`shape_after(hf_name, shape)`, `extra_tensors() -> [(gguf name, values)]` and
+`merged_tensors(checkpoint tensors) -> [(gguf name, values)]` (tensors made of several of the
+checkpoint's, whose own gguf_name is None).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ DECODER_LAYER = {
 DECODER_GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
+    "model.norm.bias": "output_norm.bias",
     "lm_head.weight": "output.weight",
 }
 # buffers some checkpoints carry that no graph reads
@@ -140,6 +143,9 @@ class DecoderConverter:
         return shape
 
     def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
+        return []
+
+    def merged_tensors(self, tensors: dict) -> list[tuple[str, np.ndarray]]:
         return []
 
 

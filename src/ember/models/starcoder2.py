@@ -55,8 +55,3 @@ class Converter(DecoderConverter):
             del meta[f"{a}.{key}"]
         meta[f"{a}.attention.layer_norm_epsilon"] = float(get(self.config, "norm_epsilon", default=1e-5))
         return meta
-
-    def gguf_name(self, hf_name: str) -> str | None:
-        if hf_name == "model.norm.bias":
-            return "output_norm.bias"
-        return super().gguf_name(hf_name)
