@@ -93,7 +93,9 @@ def pooling_metadata(path: Path, arch: str) -> dict[str, int]:
 
 
 def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
-    extra = converter.extra_tensors() + converter.merged_tensors(ckpt.tensors)
+    extra = converter.extra_tensors()
+    if hasattr(converter, "merged_tensors"):  # optional (hf.py): tensors made of several of the checkpoint's
+        extra += converter.merged_tensors(ckpt.tensors)
     planned = [_planned_array(name, values, outtype) for name, values in extra]
     for hf_name, source in ckpt.tensors.items():
         name = converter.gguf_name(hf_name)
