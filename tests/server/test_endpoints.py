@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import gguf
 import httpx
@@ -120,10 +121,15 @@ def test_every_request_is_one_log_line(server):
     httpx.get(f"{server.url}/health")
     httpx.post(f"{server.url}/v1/completions", content=b"{not json")
     httpx.get(f"{server.url}/no/such/route")
+    lines = [r'INFO: 127\.0\.0\.1 "GET /health" 200 \d+\.\d{3}s',
+             r'INFO: 127\.0\.0\.1 "POST /v1/completions" 400 \d+\.\d{3}s',
+             r'INFO: 127\.0\.0\.1 "GET /no/such/route" 404 \d+\.\d{3}s']
+    deadline = time.monotonic() + 30  # a line is written once its answer has gone out
+    while not all(re.search(line, server.output()) for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
     log = server.output()
-    assert re.search(r'INFO: 127\.0\.0\.1 "GET /health" 200 \d+\.\d{3}s', log)
-    assert re.search(r'INFO: 127\.0\.0\.1 "POST /v1/completions" 400 \d+\.\d{3}s', log)
-    assert re.search(r'INFO: 127\.0\.0\.1 "GET /no/such/route" 404 \d+\.\d{3}s', log)
+    for line in lines:
+        assert re.search(line, log), line
     assert "Traceback" not in log
 
 
