@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -133,12 +134,15 @@ class PyGraph {
     return same_rows(graph_.add_node(Op::LayerNorm, t.ne0, t.ne1, {x, w, b}, NormParams{eps, 0}), x);
   }
   int32_t rope(int32_t x, int32_t head_dim, int32_t n_rot, bool neox, float base, float freq_scale,
-               int32_t factors) {
+               int32_t factors, int32_t offset) {
     const Tensor& t = token_rows(x);
     if (head_dim <= 0 || t.ne0 % head_dim != 0) throw std::invalid_argument("rope: head_dim does not divide the row");
-    if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 || n_rot / 2 > 512) throw std::invalid_argument("rope: bad n_rot");
+    if (offset < 0 || offset > head_dim) throw std::invalid_argument("rope: bad offset");
+    if (n_rot <= 0 || n_rot > head_dim - offset || n_rot % 2 || n_rot / 2 > 512) throw std::invalid_argument("rope: bad n_rot");
     check_vector(factors, n_rot / 2);
-    return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, RopeParams{head_dim, n_rot, neox, base, freq_scale});
+    RopeParams p{head_dim, n_rot, neox, base, freq_scale};
+    p.offset = offset;
+    return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, p);
   }
   int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
                     float scale, int32_t window, float softcap, bool causal) {
@@ -199,6 +203,31 @@ class PyGraph {
     const int32_t out = graph_.add_node(Op::MatMulId, tw.ne1 / n_experts, ti.ne1, {w, x, ids}, MatMulIdParams{n_experts});
     graph_.split_rows(out, k);
     return out;
+  }
+  // Multi-head latent attention (ops/attention.cpp): q rotated in each head's last `rope`
+  // dimensions, the normalised latent c, the rotated shared key k_pe, and the per-head key and
+  // value up-projections attn_k_b [n_head * rank rows of nope] and attn_v_b [n_head * value rows of rank].
+  int32_t mla_attention(int32_t q, int32_t c, int32_t k_pe, int32_t wk_b, int32_t wv_b, int32_t n_head, int32_t rank,
+                        int32_t rope, int32_t nope, int32_t value, float scale) {
+    const Tensor &tq = token_rows(q), &tc = token_rows(c), &tp = token_rows(k_pe);
+    const Tensor &wk = graph_.tensor(wk_b), &wv = graph_.tensor(wv_b);
+    if (n_head <= 0 || rank <= 0 || rope <= 0 || nope <= 0 || value <= 0)
+      throw std::invalid_argument("mla_attention: head counts and sizes must be positive");
+    if (tq.ne0 != int64_t(n_head) * (nope + rope)) throw std::invalid_argument("mla_attention: q is not n_head * (nope + rope) wide");
+    if (tc.ne0 != rank || tp.ne0 != rope) throw std::invalid_argument("mla_attention: c or k_pe has the wrong width");
+    if (!wk.is_weight || !wv.is_weight) throw std::invalid_argument("mla_attention: attn_k_b and attn_v_b must be weights");
+    if (wk.ne0 != nope || wk.ne1 != int64_t(n_head) * rank)
+      throw std::invalid_argument("mla_attention: attn_k_b is not n_head * rank rows of nope");
+    if (wv.ne0 != rank || wv.ne1 != int64_t(n_head) * value)
+      throw std::invalid_argument("mla_attention: attn_v_b is not n_head * value rows of rank");
+    MlaAttentionParams p;
+    p.n_head = n_head;
+    p.rank = rank;
+    p.rope = rope;
+    p.nope = nope;
+    p.value = value;
+    p.scale = scale;
+    return graph_.add_node(Op::MlaAttention, int64_t(n_head) * value, tq.ne1, {q, c, k_pe, wk_b, wv_b}, p);
   }
   int32_t select_outputs(int32_t x) {
     const Tensor& t = token_rows(x);
@@ -545,7 +574,9 @@ NB_MODULE(_core, m) {
       .def(op_name(Op::RmsNorm), &PyGraph::rms_norm, "x"_a, "weight"_a = -1, "eps"_a = 1e-6f, "group"_a = 0)
       .def(op_name(Op::LayerNorm), &PyGraph::layer_norm, "x"_a, "weight"_a = -1, "bias"_a = -1, "eps"_a = 1e-5f)
       .def(op_name(Op::Rope), &PyGraph::rope, "x"_a, "head_dim"_a, "n_rot"_a, "neox"_a, "base"_a, "freq_scale"_a = 1.0f,
-           "factors"_a = -1)
+           "factors"_a = -1, "offset"_a = 0)
+      .def(op_name(Op::MlaAttention), &PyGraph::mla_attention, "q"_a, "c"_a, "k_pe"_a, "k_b"_a, "v_b"_a, "n_head"_a,
+           "rank"_a, "rope"_a, "nope"_a, "value"_a, "scale"_a)
       .def(op_name(Op::Attention), &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
            "scale"_a, "window"_a = 0, "softcap"_a = 0.0f, "causal"_a = true)
       .def(op_name(Op::SelectOutputs), &PyGraph::select_outputs)

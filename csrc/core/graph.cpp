@@ -67,7 +67,7 @@ int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<i
   n.op = op;
   int k = 0;
   for (int32_t s : srcs) {
-    if (k >= 4) throw std::invalid_argument("too many sources");
+    if (k >= kMaxSources) throw std::invalid_argument("too many sources");
     // -1 marks an optional source that is absent.
     if (s < -1 || s >= static_cast<int32_t>(tensors_.size()) || (k == 0 && s < 0))
       throw std::invalid_argument("bad source tensor");
@@ -83,6 +83,9 @@ int32_t Graph::add_node(Op op, int64_t ne0, int64_t ne1, std::initializer_list<i
   n.out = static_cast<int32_t>(tensors_.size() - 1);
   if (op == Op::Attention) {
     std::get<AttentionParams>(n.params).kv_layer = static_cast<int32_t>(kv_.size());
+    kv_.emplace_back();
+  } else if (op == Op::MlaAttention) {
+    std::get<MlaAttentionParams>(n.params).kv_layer = static_cast<int32_t>(kv_.size());
     kv_.emplace_back();
   }
   nodes_.push_back(n);
@@ -201,6 +204,8 @@ size_t Graph::node_work_size(const Node& n) const {
       // Per thread: scores over the context and an output accumulator, for up to 4 query heads
       // that share a KV head (kMaxHeads in ops/attention.cpp).
       return static_cast<size_t>(pool_.size()) * align_up(4 * (n_ctx_ + n.as<AttentionParams>().head_dim) * sizeof(float));
+    case Op::MlaAttention:
+      return mla_work(n, max_rows(tensors_[n.src[0]])).size;
     default:
       return 0;
   }
@@ -250,16 +255,58 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
   arena_ = map_zero_pages(arena_size_);  // page-aligned, so 64-byte aligned
 
   for (const Node& n : nodes_) {
-    if (n.op != Op::Attention) continue;
-    const AttentionParams& p = n.as<AttentionParams>();
-    KVCache& c = kv_[p.kv_layer];
+    if (n.op == Op::Attention) {
+      const AttentionParams& p = n.as<AttentionParams>();
+      KVCache& c = kv_[p.kv_layer];
+      c.k_elems = c.v_elems = static_cast<int64_t>(p.n_kv_head) * p.head_dim;
+    } else if (n.op == Op::MlaAttention) {
+      const MlaAttentionParams& p = n.as<MlaAttentionParams>();
+      KVCache& c = kv_[p.kv_layer];
+      c.k_elems = static_cast<int64_t>(p.rank) + p.rope;  // latent, then rotary key
+      c.v_elems = 0;
+    }
+  }
+  for (KVCache& c : kv_) {
     c.n_ctx = n_ctx;
     c.n_seq = n_seq;
-    c.row_elems = static_cast<int64_t>(p.n_kv_head) * p.head_dim;
-    size_t elems = static_cast<size_t>(n_ctx * n_seq * c.row_elems);
-    c.k = map_zero_pages(elems * sizeof(uint16_t));
-    c.v = map_zero_pages(elems * sizeof(uint16_t));
+    const size_t positions = static_cast<size_t>(n_ctx * n_seq);
+    c.k = map_zero_pages(positions * c.k_elems * sizeof(uint16_t));
+    if (c.v_elems) c.v = map_zero_pages(positions * c.v_elems * sizeof(uint16_t));
   }
+}
+
+MlaWork Graph::mla_work(const Node& n, int64_t max_tokens) const {
+  const MlaAttentionParams& p = n.as<MlaAttentionParams>();
+  const int64_t H = p.n_head, rank = p.rank, rope = p.rope, nope = p.nope;
+  const Tensor &wk = tensors_[n.src[3]], &wv = tensors_[n.src[4]];
+  const size_t heads = static_cast<size_t>(max_tokens * H);
+  const int nth = pool_.size();
+  MlaWork w;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += align_up(bytes);
+    return start;
+  };
+  // The two per-head products convert their inputs to the weight type's vec_dot_type, or (float
+  // activations) dequantize kDequantRows weight rows per thread.
+  auto act_stride = [&](const Tensor& weight, int64_t k) {
+    if (dequantizes(weight.type)) return align_up(k * sizeof(float));
+    return align_up(row_bytes(kernels_->of(weight.type).vec_dot_type, k));
+  };
+  w.q_act_stride = act_stride(wk, nope);
+  w.o_act_stride = act_stride(wv, rank);
+  w.q_act = take(heads * w.q_act_stride);
+  w.query = take(heads * (rank + rope) * sizeof(float));
+  w.latent = take(heads * rank * sizeof(float));
+  w.o_act = take(heads * w.o_act_stride);
+  const size_t dequant = std::max(dequantizes(wk.type) ? nope : 0, dequantizes(wv.type) ? rank : 0);
+  w.f32_rows_stride = align_up(kDequantRows * dequant * sizeof(float));
+  w.f32_rows = take(nth * w.f32_rows_stride);
+  w.per_thread_stride = align_up(4 * (n_ctx_ + rank) * sizeof(float));  // scores and accumulator, kMaxHeads heads
+  w.per_thread = take(nth * w.per_thread_stride);
+  w.size = at;
+  return w;
 }
 
 size_t Graph::kv_size() const {
@@ -273,14 +320,14 @@ void Graph::kv_copy(int64_t src, int64_t dst, int64_t n) {
     throw std::out_of_range("kv_copy: sequence or length out of range");
   if (src == dst) return;
   for (KVCache& c : kv_) {
-    std::memcpy(c.k_row(dst, 0), c.k_row(src, 0), n * c.row_elems * sizeof(uint16_t));
-    std::memcpy(c.v_row(dst, 0), c.v_row(src, 0), n * c.row_elems * sizeof(uint16_t));
+    std::memcpy(c.k_row(dst, 0), c.k_row(src, 0), n * c.k_elems * sizeof(uint16_t));
+    if (c.v_elems) std::memcpy(c.v_row(dst, 0), c.v_row(src, 0), n * c.v_elems * sizeof(uint16_t));
   }
 }
 
 size_t Graph::kv_state_bytes(int64_t n) const {
   size_t bytes = 0;
-  for (const KVCache& c : kv_) bytes += 2 * static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
+  for (const KVCache& c : kv_) bytes += c.bytes_per_seq(n);
   return bytes;
 }
 
@@ -289,10 +336,11 @@ void Graph::kv_save(int64_t seq, int64_t n, uint8_t* out, size_t size) {
     throw std::out_of_range("kv_save: sequence or length out of range");
   if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_save: buffer size does not match the state");
   for (KVCache& c : kv_) {
-    const size_t rows = static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
-    std::memcpy(out, c.k_row(seq, 0), rows);
-    std::memcpy(out + rows, c.v_row(seq, 0), rows);
-    out += 2 * rows;
+    const size_t k_rows = static_cast<size_t>(n * c.k_elems) * sizeof(uint16_t);
+    const size_t v_rows = static_cast<size_t>(n * c.v_elems) * sizeof(uint16_t);
+    std::memcpy(out, c.k_row(seq, 0), k_rows);
+    if (v_rows) std::memcpy(out + k_rows, c.v_row(seq, 0), v_rows);
+    out += k_rows + v_rows;
   }
 }
 
@@ -301,10 +349,11 @@ void Graph::kv_load(int64_t seq, int64_t n, const uint8_t* in, size_t size) {
     throw std::out_of_range("kv_load: sequence or length out of range");
   if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_load: the state has the wrong size for this model");
   for (KVCache& c : kv_) {
-    const size_t rows = static_cast<size_t>(n * c.row_elems) * sizeof(uint16_t);
-    std::memcpy(c.k_row(seq, 0), in, rows);
-    std::memcpy(c.v_row(seq, 0), in + rows, rows);
-    in += 2 * rows;
+    const size_t k_rows = static_cast<size_t>(n * c.k_elems) * sizeof(uint16_t);
+    const size_t v_rows = static_cast<size_t>(n * c.v_elems) * sizeof(uint16_t);
+    std::memcpy(c.k_row(seq, 0), in, k_rows);
+    if (v_rows) std::memcpy(c.v_row(seq, 0), in + k_rows, v_rows);
+    in += k_rows + v_rows;
   }
 }
 

@@ -62,10 +62,12 @@ inline bool evenly_strided(const Tensor& t) {
   return t.h_major_memory || t.base_stride == t.row_stride * static_cast<size_t>(t.row_split);
 }
 
+constexpr int kMaxSources = 6;
+
 struct Node {
   Op op = Op::Input;
   int32_t out = -1;           // tensor id
-  int32_t src[4] = {-1, -1, -1, -1};
+  int32_t src[kMaxSources] = {-1, -1, -1, -1, -1, -1};
   NodeParams params;          // of the type EMBER_OPS gives the op
   size_t work_offset = 0;     // scratch in the arena for this node
   size_t work_size = 0;
@@ -73,15 +75,33 @@ struct Node {
   const P& as() const { return std::get<P>(params); }
 };
 
+// One layer's cache. Attention: K and V rows of n_kv_heads * head_dim each. Multi-head latent
+// attention: K rows of the latent and the rotary key (kv_lora_rank + rope dims), no V rows
+// (the values are the latent, the first kv_lora_rank elements of each K row).
 struct KVCache {
-  int64_t n_ctx = 0, n_seq = 0, row_elems = 0;  // row_elems = n_kv_heads * head_dim
-  ZeroPages k, v;  // F16, [n_seq][n_ctx][row_elems]
-  uint16_t* k_row(int64_t seq, int64_t pos) { return f16(k) + (seq * n_ctx + pos) * row_elems; }
-  uint16_t* v_row(int64_t seq, int64_t pos) { return f16(v) + (seq * n_ctx + pos) * row_elems; }
-  size_t bytes() const { return 2 * static_cast<size_t>(n_seq * n_ctx * row_elems) * sizeof(uint16_t); }
+  int64_t n_ctx = 0, n_seq = 0, k_elems = 0, v_elems = 0;  // elements of a K / V row of one position
+  ZeroPages k, v;  // F16, [n_seq][n_ctx][k_elems or v_elems]
+  uint16_t* k_row(int64_t seq, int64_t pos) { return f16(k) + (seq * n_ctx + pos) * k_elems; }
+  uint16_t* v_row(int64_t seq, int64_t pos) { return f16(v) + (seq * n_ctx + pos) * v_elems; }
+  // Bytes of positions [0, n) of one sequence.
+  size_t bytes_per_seq(int64_t n) const { return static_cast<size_t>(n * (k_elems + v_elems)) * sizeof(uint16_t); }
+  size_t bytes() const { return static_cast<size_t>(n_seq) * bytes_per_seq(n_ctx); }
 
  private:
   static uint16_t* f16(const ZeroPages& p) { return reinterpret_cast<uint16_t*>(p.get()); }
+};
+
+// The scratch memory of a multi-head latent attention node (ops/attention.cpp), laid out in one
+// place for the op and for the planner, which sizes it for the largest batch. Offsets from the
+// node's work_offset; per-head rows are in (token, head) order.
+struct MlaWork {
+  size_t q_act = 0, q_act_stride = 0;  // the no-rope queries in the vec_dot_type of attn_k_b
+  size_t query = 0;                    // F32 [rows][rank + rope]: absorbed queries, then the rotary part
+  size_t latent = 0;                   // F32 [rows][rank]: attention-weighted latents
+  size_t o_act = 0, o_act_stride = 0;  // the latents in the vec_dot_type of attn_v_b
+  size_t f32_rows = 0, f32_rows_stride = 0;      // float activations: dequantized weight rows, per thread
+  size_t per_thread = 0, per_thread_stride = 0;  // scores over the context and an accumulator, per thread
+  size_t size = 0;
 };
 
 struct ExecContext {
@@ -166,12 +186,14 @@ class Graph {
   int32_t n_kv_layers() const { return static_cast<int32_t>(kv_.size()); }
   // Copies cached positions [0, n) of sequence src to sequence dst in every layer.
   void kv_copy(int64_t src, int64_t dst, int64_t n);
-  // Bytes of positions [0, n) of one sequence in every layer (K then V, layer by layer).
+  // Bytes of positions [0, n) of one sequence in every layer (K then V rows, layer by layer).
   size_t kv_state_bytes(int64_t n) const;
   // Copies positions [0, n) of sequence seq out to / in from `size` bytes laid out as kv_state_bytes says.
   void kv_save(int64_t seq, int64_t n, uint8_t* out, size_t size);
   void kv_load(int64_t seq, int64_t n, const uint8_t* in, size_t size);
   const KernelTable* kernels() const { return kernels_; }
+  // The scratch layout of an MlaAttention node for batches of up to max_tokens tokens.
+  MlaWork mla_work(const Node& n, int64_t max_tokens) const;
   // Per-node wall time (ns, summed over runs) when profiling is on; measured by thread 0.
   void set_profiling(bool on);
   const std::vector<uint64_t>& node_times() const { return node_ns_; }

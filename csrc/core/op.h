@@ -34,7 +34,8 @@ namespace ember {
   X(Take, "take", NoParams)                         \
   X(SumNormalize, "sum_normalize", SumNormalizeParams) \
   X(WeightedSum, "weighted_sum", NoParams)          \
-  X(MatMulId, "matmul_id", MatMulIdParams)
+  X(MatMulId, "matmul_id", MatMulIdParams)         \
+  X(MlaAttention, "mla_attention", MlaAttentionParams)
 
 struct NoParams {};
 
@@ -64,10 +65,11 @@ struct NormParams {
 
 struct RopeParams {
   int32_t head_dim = 0;
-  int32_t n_rot = 0;         // leading dimensions of each head that rotate
+  int32_t n_rot = 0;         // dimensions of each head that rotate, from `offset` on
   bool neox = false;         // rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1)
   float base = 10000.0f;
   float freq_scale = 1.0f;
+  int32_t offset = 0;        // dimensions of each head before the rotated ones
 };
 
 struct AttentionParams {
@@ -98,6 +100,15 @@ struct MatMulIdParams {
   int32_t n_experts = 1;
 };
 
+// Multi-head latent attention (ops/attention.cpp): n_head query heads of nope + rope dimensions
+// over one cached row per position of the latent (rank) and the rotary key (rope); value
+// dimensions per head after the up-projection.
+struct MlaAttentionParams {
+  int32_t n_head = 0, rank = 0, rope = 0, nope = 0, value = 0;
+  float scale = 1.0f;        // on q . k before the softmax
+  int32_t kv_layer = -1;     // the cache this node writes and reads (set by Graph::add_node)
+};
+
 #define EMBER_OP_ENUM_(name, str, params) name,
 enum class Op : int32_t { EMBER_OPS(EMBER_OP_ENUM_) Count };
 #undef EMBER_OP_ENUM_
@@ -113,7 +124,8 @@ constexpr const char* op_name(Op op) { return kOpNames[static_cast<int>(op)]; }
 
 // Every distinct parameters struct, once; a Node holds one of them.
 using NodeParams = std::variant<NoParams, InputParams, GetRowsParams, ScaleParams, SoftcapParams, NormParams,
-                                RopeParams, AttentionParams, TopKParams, SumNormalizeParams, MatMulIdParams>;
+                                RopeParams, AttentionParams, TopKParams, SumNormalizeParams, MatMulIdParams,
+                                MlaAttentionParams>;
 
 template <typename T, typename... Ts>
 constexpr size_t index_in(const std::variant<Ts...>*) {

@@ -1,6 +1,7 @@
-// Rotary position embedding on [n_tokens, n_heads * head_dim] rows.
-// theta_i = pos * freq_scale * base^(-2i / n_rot) / factor_i for i < n_rot / 2; dimensions past
-// n_rot pass through. Normal layout rotates pairs (2i, 2i+1); NeoX layout rotates (i, i + n_rot/2).
+// Rotary position embedding on [n_tokens, n_heads * head_dim] rows: dimensions [offset,
+// offset + n_rot) of each head rotate, the others pass through. For pair i < n_rot / 2,
+// theta_i = pos * freq_scale * base^(-2i / n_rot) / factor_i. Normal layout rotates pairs
+// (2i, 2i+1); NeoX layout rotates (i, i + n_rot/2).
 #include <cmath>
 
 #include "ops/common.h"
@@ -15,7 +16,7 @@ constexpr int kMaxRotPairs = 512;
 void op_rope(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &in = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
   const RopeParams& p = n.as<RopeParams>();
-  const int64_t head_dim = p.head_dim, n_rot = p.n_rot;
+  const int64_t head_dim = p.head_dim, n_rot = p.n_rot, offset = p.offset;
   const bool neox = p.neox;
   const float base = p.base, freq_scale = p.freq_scale;
   const float* factors = n.src[1] >= 0 ? operand_row(ctx, src_tensor(ctx, n, 1), 0) : nullptr;
@@ -35,13 +36,14 @@ void op_rope(const Node& n, ExecContext& ctx, int ith, int nth) {
     for (int64_t h = 0; h < n_heads; ++h) {
       const float* xh = x + h * head_dim;
       float* yh = y + h * head_dim;
+      for (int64_t i = 0; i < offset; ++i) yh[i] = xh[i];
       for (int64_t i = 0; i < half; ++i) {
-        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const int64_t a = offset + (neox ? i : 2 * i), b = offset + (neox ? i + half : 2 * i + 1);
         const float x0 = xh[a], x1 = xh[b];
         yh[a] = x0 * cos_t[i] - x1 * sin_t[i];
         yh[b] = x0 * sin_t[i] + x1 * cos_t[i];
       }
-      for (int64_t i = n_rot; i < head_dim; ++i) yh[i] = xh[i];
+      for (int64_t i = offset + n_rot; i < head_dim; ++i) yh[i] = xh[i];
     }
   }
 }

@@ -39,10 +39,10 @@ def random_rows(n_rows, n_cols, seed=0):
 
 
 class TinyModel:
-    """Two transformer layers over quantized weights, built from every op: a LLaMA-style layer
-    (RMSNorm, RoPE, GQA attention, SwiGLU) and a GPT-2/Gemma-style one (LayerNorm, sliding-window
-    attention with soft-capping, GeGLU, then a mixture of experts), then output selection, logits
-    and their soft-cap."""
+    """Three transformer layers over quantized weights, built from every op: a LLaMA-style layer
+    (RMSNorm, RoPE, GQA attention, SwiGLU), a GPT-2/Gemma-style one (LayerNorm, sliding-window
+    attention with soft-capping, GeGLU, then a mixture of experts) and a DeepSeek-style one
+    (multi-head latent attention, RoPE on the last dimensions of each head), then output selection, logits and their soft-cap."""
 
     N_EMBD, N_HEAD, N_KV_HEAD, HEAD_DIM, N_FF, N_VOCAB = 64, 4, 2, 16, 96, 50
 
@@ -75,9 +75,21 @@ class TinyModel:
                 weights = g.sum_normalize(g.take(g.softmax(scores), ids))
                 f = g.silu(g.matmul_id(self._weight(GGMLType.Q8_0, e, 4 * self.N_FF), x, ids, 4))
                 h = g.add(h, g.weighted_sum(g.matmul_id(self._weight(GGMLType.Q4_0, self.N_FF, 4 * e), f, ids, 4), weights))
+        h = g.add(h, self._latent_attention(g.rms_norm(h, self._vector(e))))
         logits = g.matmul(self._weight(GGMLType.Q8_0, e, self.N_VOCAB), g.select_outputs(g.rms_norm(h)))
         g.set_output(g.softcap(logits, 30.0))
         g.plan(max_tokens, max_tokens, n_ctx, n_seq)
+
+    def _latent_attention(self, x):
+        g, e, n_head, rank, nope, rope = self.g, self.N_EMBD, self.N_HEAD, 32, 16, 8
+        q = g.rope(g.matmul(self._weight(GGMLType.Q8_0, e, n_head * (nope + rope)), x), nope + rope, rope, False,
+                   10000.0, 0.5, offset=nope)
+        kv = g.matmul(self._weight(GGMLType.F16, e, rank + rope), x)
+        c = g.rms_norm(g.view(kv, 0, rank), self._vector(rank))
+        k_pe = g.rope(g.view(kv, rank, rope), rope, rope, False, 10000.0, 0.5)
+        k_b, v_b = self._weight(GGMLType.F16, nope, n_head * rank), self._weight(GGMLType.Q8_0, rank, n_head * nope)
+        a = g.mla_attention(q, c, k_pe, k_b, v_b, n_head, rank, rope, nope, nope, 1 / math.sqrt(nope + rope))
+        return g.matmul(self._weight(GGMLType.Q8_0, n_head * nope, e), a)
 
     def _weight(self, t, n_cols, n_rows):
         self._seed += 1

@@ -301,11 +301,31 @@ def test_rope_uses_each_tokens_own_position(isa):
     np.testing.assert_array_equal(out[0], out[3])
 
 
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_rope_offset_rotates_the_last_dimensions_of_each_head(isa, neox):
+    """DeepSeek's heads are [nope | rope]: only the last n_rot dimensions rotate."""
+    head_dim, offset, n_rot, n_heads = 24, 16, 8, 3
+    x = activations(5, n_heads * head_dim, scale=1.0, special=False)
+    positions = np.arange(3, 8)
+    out = run_graph(lambda g, x: g.rope(x, head_dim, n_rot, neox, 10000.0, offset=offset), [x], positions)
+    heads, got = x.reshape(5, n_heads, head_dim), out.reshape(5, n_heads, head_dim)
+    np.testing.assert_array_equal(got[..., :offset], heads[..., :offset])
+    tails = np.ascontiguousarray(heads[..., offset:]).reshape(5, -1)
+    expected = rope_reference(tails, positions, n_rot, n_rot, neox, 10000.0).reshape(5, n_heads, n_rot)
+    np.testing.assert_allclose(got[..., offset:], expected, rtol=0, atol=rope_tolerance(positions, x))
+
+
 @pytest.mark.parametrize("head_dim, n_rot", [(0, 0), (30, 30), (32, 0), (32, 34), (32, 15)])
 def test_rope_rejects_bad_dimensions(head_dim, n_rot):
     g = _core.Graph(1)
     with pytest.raises(ValueError, match="rope"):
         g.rope(g.input(64), head_dim, n_rot, False, 10000.0)
+
+
+def test_rope_rejects_an_offset_past_the_head():
+    g = _core.Graph(1)
+    with pytest.raises(ValueError, match="rope"):
+        g.rope(g.input(64), 32, 16, False, 10000.0, offset=20)
 
 
 # -- rows: embeddings by position, output selection, views -------------------------------------

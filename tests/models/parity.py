@@ -25,12 +25,14 @@ tree, its convert_hf_to_gguf.py converts the same model and must write the same 
 tensor names and shapes as `ember convert`, and ember must run its file to the same logits.
 
 An architecture's test file (tests/models/test_<arch>.py) subclasses `TransformersParity` with
-its Hugging Face model class and a few configurations that switch on every feature of the family;
+its Hugging Face model class and a few configurations that switch on every feature of the family
+(and `f16_cache` where its cache holds something other than K and V: DeepSeek's latents);
 tests/models/conftest.py runs each test once per configuration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -124,13 +126,17 @@ def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, att
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float64).eval()
     with torch.no_grad():
         for hf_name, param in model.named_parameters():
-            t = tensors.get(converter.gguf_name(hf_name))
-            if t is None or t.tensor_type == gguf.GGMLQuantizationType.F32:
-                continue
-            stored = gguf.dequantize(t.data, t.tensor_type).reshape(-1)
-            where = converter.transform(hf_name, np.arange(param.numel(), dtype=np.float64).reshape(param.shape))
-            values = np.empty(param.numel())
-            values[where.reshape(-1).astype(np.int64)] = stored
+            # the GGUF tensors the parameter became (one, or the parts of a split) and where each took its values from
+            parts = converter.split(hf_name, tuple(param.shape)) if hasattr(converter, "split") else None
+            if parts is None:
+                parts = [(converter.gguf_name(hf_name), lambda v, name=hf_name: converter.transform(name, v), None)]
+            values = param.detach().numpy().reshape(-1).copy()
+            for name, part, _ in parts:
+                t = tensors.get(name)
+                if t is None or t.tensor_type == gguf.GGMLQuantizationType.F32:
+                    continue
+                where = part(np.arange(param.numel(), dtype=np.float64).reshape(param.shape))
+                values[where.reshape(-1).astype(np.int64)] = gguf.dequantize(t.data, t.tensor_type).reshape(-1)
             param.copy_(torch.from_numpy(values.reshape(param.shape)))
         register_f16_kv_attention(model, attention)
         model.set_attn_implementation(F16_KV)
@@ -150,13 +156,12 @@ def build_tiny(case: type, config_name: str, tmp_path_factory):
 
     tokens = np.random.default_rng(7).integers(0, config.vocab_size, N_TOKENS)
     ids = torch.tensor(tokens)[None]
-    register_f16_kv_attention(model, case.attention)
     with torch.no_grad():
         model.double()
         model.set_attn_implementation(case.attention)
         plain = model(ids).logits[0].numpy()
-        model.set_attn_implementation(F16_KV)
-        reference = model(ids).logits[0].numpy()
+        with case.f16_cache(model):
+            reference = model(ids).logits[0].numpy()
     return Model(gguf_path, n_ctx=64, n_threads=2), reference, plain, tokens
 
 
@@ -172,6 +177,18 @@ class TransformersParity:
     attention: str = "sdpa"  # transformers' attention for the reference ("eager" where sdpa lacks a feature)
     tokenizer: str = "bpe"  # the tiny tokenizer llama.cpp's converter reads: "bpe" or "sentencepiece"
     llama_cpp_leaves_out: dict = {}  # {config name: metadata keys llama.cpp's converter does not write}
+
+    @classmethod
+    @contextlib.contextmanager
+    def f16_cache(cls, model):
+        """Within it, `model` rounds what ember's KV cache holds to F16: K and V, as attention
+        receives them (a family that caches something else overrides this)."""
+        register_f16_kv_attention(model, cls.attention)
+        model.set_attn_implementation(F16_KV)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(cls.attention)
 
     def test_one_pass_logits_equal_transformers(self, tiny):
         model, reference, _, tokens = tiny

@@ -98,6 +98,10 @@ def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
         extra += converter.merged_tensors(ckpt.tensors)
     planned = [_planned_array(name, values, outtype) for name, values in extra]
     for hf_name, source in ckpt.tensors.items():
+        parts = converter.split(hf_name, tuple(source.shape))
+        if parts is not None:
+            planned.extend(_planned_part(name, source, part, shape, outtype) for name, part, shape in parts)
+            continue
         name = converter.gguf_name(hf_name)
         if name is not None:
             planned.append(_planned_tensor(name, hf_name, source, converter, outtype))
@@ -134,6 +138,20 @@ def _planned_tensor(name: str, hf_name: str, source: SafeTensor, converter, outt
     else:
         def chunks():
             return _slabs(source.rows, shape, kind)
+    return PlannedTensor(name, kind, shape, chunks)
+
+
+def _planned_part(name: str, source: SafeTensor, part: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...],
+                  outtype: GGMLType) -> PlannedTensor:
+    """One of the tensors a checkpoint tensor is split into (DeepSeek's kv_b_proj: attn_k_b and attn_v_b)."""
+    if not source.is_float:
+        raise EmberError(f"tensor {source.name} has dtype {source.dtype}; ember converts floating-point weights")
+    kind = tensor_type(name, shape, outtype)
+
+    def chunks():
+        values = np.ascontiguousarray(part(source.numpy()))
+        return _slabs(lambda start, stop: values[start:stop], shape, kind)
+
     return PlannedTensor(name, kind, shape, chunks)
 
 

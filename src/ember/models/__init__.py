@@ -39,6 +39,7 @@ ARCHITECTURES = {
     "nomic-bert": "ember.models.nomic_bert",
     "glm4": "ember.models.glm4",
     "stablelm": "ember.models.stablelm",
+    "deepseek2": "ember.models.deepseek2",
 }
 
 

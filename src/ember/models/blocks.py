@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,10 +37,16 @@ class HParams:
     rope_freq_scale: float
     sliding_window: int
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    value_dim: int = 0  # per-head value dimensions (MLA's differ from head_dim)
+    mla: Any = None  # models/mla.py MLAParams, for multi-head latent attention files
 
     @classmethod
-    def from_gguf(cls, f, default_eps_key: str = "attention.layer_norm_rms_epsilon") -> "HParams":
-        """The hyper-parameters of a file, each checked (validate.py): a bad one is a GGUFError naming its key."""
+    def from_gguf(cls, f, default_eps_key: str = "attention.layer_norm_rms_epsilon",
+                  head_keys: tuple[str, str] = ("attention.key_length", "attention.value_length"),
+                  equal_heads: bool = True) -> "HParams":
+        """The hyper-parameters of a file, each checked (validate.py): a bad one is a GGUFError naming its key.
+        head_keys: the keys of the per-head key and value dimensions, which must be equal unless
+        equal_heads is False (MLA)."""
         meta = f.metadata
         arch = string_key(meta, "general.architecture")
 
@@ -53,17 +59,18 @@ class HParams:
         if n_head % n_kv_head:
             raise GGUFError(f"metadata key {key('attention.head_count')} ({n_head}) is not a multiple of "
                             f"{key('attention.head_count_kv')} ({n_kv_head})")
-        head_dim = int_key(meta, key("attention.key_length"), None)
+        key_key, value_key = head_keys
+        head_dim = int_key(meta, key(key_key), None)
         if head_dim is None:
             if n_embd % n_head:
                 raise GGUFError(f"metadata key {key('embedding_length')} ({n_embd}) is not a multiple of "
                                 f"{key('attention.head_count')} ({n_head}), and the file has no "
-                                f"{key('attention.key_length')}")
+                                f"{key(key_key)}")
             head_dim = n_embd // n_head
-        value_dim = int_key(meta, key("attention.value_length"), head_dim)
-        if value_dim != head_dim:
-            raise GGUFError(f"metadata keys {key('attention.key_length')} ({head_dim}) and "
-                            f"{key('attention.value_length')} ({value_dim}) differ, which ember does not support")
+        value_dim = int_key(meta, key(value_key), head_dim)
+        if value_dim != head_dim and equal_heads:
+            raise GGUFError(f"metadata keys {key(key_key)} ({head_dim}) and "
+                            f"{key(value_key)} ({value_dim}) differ, which ember does not support")
         rope_dims = int_key(meta, key("rope.dimension_count"), head_dim, maximum=min(head_dim, MAX_ROPE_DIMS))
         if rope_dims % 2:
             raise GGUFError(f"metadata key {key('rope.dimension_count')} is {rope_dims}; it must be even")
@@ -85,6 +92,7 @@ class HParams:
             rope_freq_scale=scaling.freq_scale,
             sliding_window=int_key(meta, key("attention.sliding_window"), 0, minimum=0),
             rope_scaling=scaling,
+            value_dim=value_dim,
         )
 
 

@@ -4,7 +4,8 @@ llama.cpp's convert_hf_to_gguf.py does. Each model file (models/<arch>.py) has a
 `HF_ARCHITECTURES`.
 
 A converter has `arch` (general.architecture), `metadata() -> {key: value}`,
-`gguf_name(hf_name) -> str | None` (None: not stored), `transforms(hf_name) -> bool` (whether
+`gguf_name(hf_name) -> str | None` (None: not stored), `split(hf_name, shape) -> [(gguf name,
+values -> part, part shape)] | None` (a checkpoint tensor stored as several), `transforms(hf_name) -> bool` (whether
 `transform(hf_name, values) -> values` changes the tensor; numpy order, float32),
 `shape_after(hf_name, shape)`, `extra_tensors() -> [(gguf name, values)]` and
 `merged_tensors(checkpoint tensors) -> [(gguf name, values)]` (tensors made of several of the
@@ -131,6 +132,10 @@ class DecoderConverter:
             layer, module, kind = match.groups()
             return f"blk.{layer}.{self.layer_names[module]}.{kind}"
         raise EmberError(f"cannot map tensor {hf_name} to a {self.arch} GGUF tensor")
+
+    def split(self, hf_name: str, shape: tuple[int, ...]) -> list | None:
+        """The GGUF tensors a checkpoint tensor becomes, where it becomes several; else None."""
+        return None
 
     def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
         return values
