@@ -97,8 +97,9 @@ def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
     if hasattr(converter, "merged_tensors"):  # optional (hf.py): tensors made of several of the checkpoint's
         extra += converter.merged_tensors(ckpt.tensors)
     planned = [_planned_array(name, values, outtype) for name, values in extra]
+    split = getattr(converter, "split", None)  # converters over DecoderConverter have it
     for hf_name, source in ckpt.tensors.items():
-        parts = converter.split(hf_name, tuple(source.shape))
+        parts = split(hf_name, tuple(source.shape)) if split else None
         if parts is not None:
             planned.extend(_planned_part(name, source, part, shape, outtype) for name, part, shape in parts)
             continue
