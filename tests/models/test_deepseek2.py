@@ -27,11 +27,11 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max
 class TestDeepseekV2(TransformersParity):
     model_class = "DeepseekV2ForCausalLM"
     configs = {
-        # Lite: plain Q, no RoPE scaling, untied head
-        "v2-lite": lambda: transformers.DeepseekV2Config(q_lora_rank=None, tie_word_embeddings=False, **SHAPE),
-        # low-rank Q, YaRN (DeepSeek-V2's mscale = mscale_all_dim), tied head
+        # Lite: plain Q, no RoPE scaling, tied head
+        "v2-lite": lambda: transformers.DeepseekV2Config(q_lora_rank=None, tie_word_embeddings=True, **SHAPE),
+        # low-rank Q, YaRN (DeepSeek-V2's mscale = mscale_all_dim), untied head
         "v2-q-lora-yarn": lambda: transformers.DeepseekV2Config(q_lora_rank=48, rope_parameters=YARN,
-                                                               tie_word_embeddings=True, **SHAPE),
+                                                               tie_word_embeddings=False, **SHAPE),
     }
 
     @classmethod

@@ -16,6 +16,7 @@ from ember.models.hf import DECODER_LAYER, LAYER, DecoderConverter, get, require
 
 HF_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 ARCH = "deepseek2"
+GATING_FUNCS = {"softmax": 1, "sigmoid": 2}  # {arch}.expert_gating_func, llama.cpp's enum
 
 
 def hparams(f) -> HParams:
@@ -101,6 +102,12 @@ class Converter(DecoderConverter):
             f"{a}.expert_shared_count": int(get(c, "n_shared_experts", default=0)),
             f"{a}.rope.dimension_count": self.rope_dims,
         })
+        for key, names in (("expert_count", ("n_routed_experts",)), ("expert_used_count", ("num_experts_per_tok",)),
+                           ("expert_group_count", ("n_group",)), ("expert_group_used_count", ("topk_group",))):
+            if get(c, *names) is not None:  # llama.cpp's converter writes them for dense models too
+                meta[f"{a}.{key}"] = int(get(c, *names))
+        if c.get("scoring_func") in GATING_FUNCS:
+            meta[f"{a}.expert_gating_func"] = GATING_FUNCS[c["scoring_func"]]
         if c.get("q_lora_rank") is not None:
             meta[f"{a}.attention.q_lora_rank"] = int(c["q_lora_rank"])
         if c.get("routed_scaling_factor") is not None:
