@@ -75,6 +75,34 @@ def test_a_rope_scaling_the_file_cannot_run_is_an_error_naming_it(tmp_path, meta
         load(tmp_path, metadata=metadata)
 
 
+def as_architecture(tmp_path, arch: str, metadata: dict) -> Model:
+    """The tiny llama model's file under another architecture's name and keys, with `metadata` added."""
+    from ember.gguf import GGUFWriter
+
+    source = open_gguf(write_tiny_model(tmp_path / "llama.gguf"))
+    writer = GGUFWriter(tmp_path / f"{arch}.gguf", arch)
+    for key, value in source.metadata.items():
+        if key != "general.architecture" and not key.startswith("GGUF."):
+            writer.add(arch + key[len("llama"):] if key.startswith("llama.") else key, value)
+    for key, value in metadata.items():
+        writer.add(f"{arch}.{key}", value)
+    for name, t in source.tensors.items():
+        writer.add_tensor(name, np.array(t.data), t.type, t.shape)
+    return Model(writer.write(), n_threads=1)
+
+
+@pytest.mark.parametrize("arch, metadata, match", [
+    ("granite", {"logit_scale": 0.0}, r"granite\.logit_scale is 0\.0; it must be finite > 0"),
+    ("granite", {"residual_scale": float("nan")}, "granite.residual_scale is nan"),
+    ("granite", {"embedding_scale": "12"}, "granite.embedding_scale must be a number"),
+    ("gemma2", {"attn_logit_softcapping": -50.0}, r"gemma2\.attn_logit_softcapping is -50\.0"),
+    ("phi3", {"rope.scaling.attn_factor": float("inf")}, "phi3.rope.scaling.attn_factor is inf"),
+])
+def test_an_architectures_own_bad_hyper_parameter_is_an_error_naming_it(tmp_path, arch, metadata, match):
+    with pytest.raises(GGUFError, match=match):
+        as_architecture(tmp_path, arch, metadata)
+
+
 @pytest.mark.parametrize("changes, match", [
     ({"shapes": {"blk.0.attn_q.weight": (32, 64)}},
      r"tensor blk\.0\.attn_q\.weight has shape \[32, 64\], but the llama metadata .* makes it \[64, 64\]"),
