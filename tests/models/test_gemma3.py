@@ -8,6 +8,8 @@ from parity import TransformersParity
 class TestGemma3(TransformersParity):
     model_class = "Gemma3ForCausalLM"
     norm_offset = 0.0  # Gemma3RMSNorm scales by (1 + w)
+    # llama.cpp's converter writes neither the layer pattern nor the query scale (its 270M..12B rule is head_dim)
+    llama_cpp_leaves_out = {"gemma3": ("gemma3.attention.sliding_window_pattern", "gemma3.attention.scale")}
     configs = {
         "gemma3": lambda: transformers.Gemma3TextConfig(
             vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,

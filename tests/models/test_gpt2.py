@@ -7,5 +7,7 @@ from parity import TransformersParity
 class TestGPT2(TransformersParity):
     model_class = "GPT2LMHeadModel"
     configs = {
-        "gpt2": lambda: transformers.GPT2Config(vocab_size=384, n_embd=128, n_layer=3, n_head=4, n_positions=128),
+        # n_ctx: llama.cpp's GPT-2 converter reads the context from it
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=384, n_embd=128, n_layer=3, n_head=4, n_positions=128,
+                                                n_ctx=128),
     }

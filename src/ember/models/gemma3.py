@@ -124,7 +124,7 @@ class Converter(DecoderConverter):
     def metadata(self) -> dict[str, Any]:
         c, a = self.config, self.arch
         meta = super().metadata()
-        del meta[f"{a}.rope.dimension_count"]
+        del meta[f"{a}.rope.dimension_count"], meta[f"{a}.vocab_size"]  # as llama.cpp's converter
         meta[f"{a}.attention.key_length"] = self.head_dim
         meta[f"{a}.attention.value_length"] = self.head_dim
         meta.setdefault(f"{a}.rope.freq_base", 1_000_000.0)

@@ -70,7 +70,6 @@ class Converter:
     def metadata(self) -> dict[str, Any]:
         c, a = self.config, self.arch
         return {
-            f"{a}.vocab_size": int(require(c, "vocab_size")),
             f"{a}.context_length": int(require(c, "n_positions", "n_ctx")),
             f"{a}.embedding_length": self.n_embd,
             f"{a}.block_count": int(require(c, "n_layer", "num_hidden_layers")),

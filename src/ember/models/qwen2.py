@@ -3,6 +3,8 @@ projections and NeoX-layout rotary embeddings."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ember.errors import EmberError
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DecoderConverter
@@ -29,3 +31,9 @@ class Converter(DecoderConverter):
         layer_types = config.get("layer_types") or []
         if config.get("use_sliding_window") and "sliding_attention" in layer_types:
             raise EmberError("Qwen2 with sliding-window attention (use_sliding_window) is not supported")
+
+    def metadata(self) -> dict[str, Any]:
+        meta = super().metadata()
+        # llama.cpp's converter writes neither for Qwen2: the vocabulary is the tokenizer's, RoPE spans the head
+        del meta[f"{self.arch}.vocab_size"], meta[f"{self.arch}.rope.dimension_count"]
+        return meta
