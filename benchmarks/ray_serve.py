@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
 
+from ember.sysinfo import cpu_name
+
 
 def aggregate_speed(urls: list[str], n_clients: int, n_tokens: int, banned: list[int]) -> float:
     """Generated tokens per second of wall time, n_clients streams at once spread over urls."""
@@ -113,7 +115,7 @@ def measure(args, n: int, banned: list[int]) -> dict:
 
 def report(args, results: dict[int, dict]) -> str:
     lines = [f"# ember on Ray Serve against plain `ember serve` ({args.model})", "",
-             f"- machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} logical CPUs, "
+             f"- machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} logical CPUs, "
              f"load average at the start {args.load_before:.1f}",
              f"- each engine: 1 thread, --parallel {args.parallel}, -c {args.ctx}; {args.clients} streaming clients "
              f"of {args.tokens} tokens; {args.latency} sequential requests per latency; median of {args.repeat} "

@@ -138,11 +138,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def _replica_plan(args) -> tuple[int, str]:
     """The replicas started first, and how the replicas are counted (fixed or autoscaled)."""
-    if args.min_replicas is None and args.max_replicas is None:
+    from ember.server.ray import autoscaling_range
+
+    scaling = autoscaling_range(args.min_replicas, args.max_replicas)
+    if scaling is None:
         return args.replicas or 1, _count(args.replicas or 1, "replica")
-    low = 1 if args.min_replicas is None else args.min_replicas
-    high = max(low, 1) if args.max_replicas is None else args.max_replicas
-    return max(low, 1), f"{low} to {high} replicas"
+    return max(scaling[0], 1), f"{scaling[0]} to {scaling[1]} replicas"
 
 
 def _count(n: int, thing: str) -> str:

@@ -118,16 +118,26 @@ def deployment_options(replicas: int | None = 1, threads: int = 1, parallel: int
             raise EmberError(f"{name} must be a positive whole number, not {value!r}")
     options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": parallel,
                "request_router_config": {"request_router_class": SessionAffinityRouter}}
-    if min_replicas is None and max_replicas is None:
+    scaling = autoscaling_range(min_replicas, max_replicas)
+    if scaling is None:
         options["num_replicas"] = replicas
         return options
+    low, high = scaling
+    options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
+                                     "target_ongoing_requests": target_ongoing_requests or parallel}
+    return options
+
+
+def autoscaling_range(min_replicas: int | None, max_replicas: int | None) -> tuple[int, int] | None:
+    """(min, max) replicas to autoscale between, None for a fixed number (neither given);
+    min defaults to 1, max to min."""
+    if min_replicas is None and max_replicas is None:
+        return None
     low = 1 if min_replicas is None else min_replicas
     high = max(low, 1) if max_replicas is None else max_replicas
     if high < low:
         raise EmberError(f"max_replicas ({high}) is below min_replicas ({low})")
-    options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
-                                     "target_ongoing_requests": target_ongoing_requests or parallel}
-    return options
+    return low, high
 
 
 def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: int = DEFAULT_PARALLEL,
