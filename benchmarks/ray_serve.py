@@ -15,6 +15,11 @@ change in the machine's load touches both alike:
   (no model work: what the proxy and the router add) and a 1-token completion.
 
 Medians of --repeat rounds are reported, and each round's Ray / direct ratio.
+
+`--chats N` measures the cache affinity instead: on 2 replicas, N chats of --turns turns each
+(greedy, 16 tokens a reply) sent once with an X-Session-ID header per chat and once without;
+reported are the prompt tokens the replicas evaluated (ember_prompt_tokens_total, summed over
+both) against the prompt tokens the requests carried, and how many turns changed replica.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
 
+from ember.server.ray import REPLICA_HEADER, SESSION_HEADER
 from ember.sysinfo import cpu_name
 
 
@@ -113,6 +119,60 @@ def measure(args, n: int, banned: list[int]) -> dict:
             process.wait()
 
 
+def replica_metrics(url: str, n_replicas: int) -> dict[str, float]:
+    """ember_prompt_tokens_total of every replica (each reached through a session that lands on it)."""
+    found: dict[str, float] = {}
+    for i in range(1000):
+        response = client().get(f"{url}/metrics", headers={SESSION_HEADER: f"probe-{i}"})
+        line = next(line for line in response.text.splitlines() if line.startswith("ember_prompt_tokens_total "))
+        found[response.headers[REPLICA_HEADER]] = float(line.split()[1])
+        if len(found) == n_replicas:
+            return found
+    raise SystemExit(f"found {len(found)} of {n_replicas} replicas")
+
+
+def chats(url: str, n_chats: int, n_turns: int, sessions: bool) -> dict:
+    """Evaluated and sent prompt tokens over n_chats chats of n_turns, and the turns that moved."""
+    before = replica_metrics(url, 2)
+    sent, moved = 0, 0
+    histories = [[] for _ in range(n_chats)]
+    last: list[str | None] = [None] * n_chats
+    for turn in range(n_turns):
+        for chat, messages in enumerate(histories):
+            messages.append({"role": "user", "content": f"Chat {chat} ({sessions=}), question {turn}: "
+                                                        f"tell me about {PROMPTS[turn % len(PROMPTS)]}"})
+            headers = {SESSION_HEADER: f"chat-{chat}"} if sessions else {}
+            response = client().post(f"{url}/v1/chat/completions", headers=headers,
+                                     json={"messages": messages, "max_tokens": 16, "temperature": 0})
+            response.raise_for_status()
+            answer = response.json()
+            messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+            sent += answer["usage"]["prompt_tokens"]
+            replica = response.headers[REPLICA_HEADER]
+            moved += last[chat] is not None and replica != last[chat]
+            last[chat] = replica
+    after = replica_metrics(url, 2)
+    return {"sent": sent, "evaluated": sum(after[r] - before[r] for r in after), "moved": moved}
+
+
+def affinity_report(args) -> str:
+    url = start_ray(2, args.model, args.parallel, args.ctx)
+    try:
+        found = {"with X-Session-ID": chats(url, args.chats, args.turns, True),
+                 "without": chats(url, args.chats, args.turns, False)}
+    finally:
+        stop_ray()
+    lines = [f"# ember on Ray Serve: cache affinity of growing chats ({args.model})", "",
+             f"- 2 replicas (1 thread, --parallel {args.parallel}); {args.chats} chats of {args.turns} turns, "
+             "16 greedy tokens a reply", "",
+             "| requests | prompt tokens sent | evaluated by the replicas | evaluated / sent | turns that changed replica |",
+             "|---|---:|---:|---:|---:|"]
+    for name, result in found.items():
+        lines.append(f"| {name} | {result['sent']} | {result['evaluated']:.0f} | "
+                     f"{result['evaluated'] / result['sent']:.2f} | {result['moved']} of {args.chats * (args.turns - 1)} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(args, results: dict[int, dict]) -> str:
     lines = [f"# ember on Ray Serve against plain `ember serve` ({args.model})", "",
              f"- machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} logical CPUs, "
@@ -147,12 +207,17 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=20, help="sequential requests per latency measurement")
     parser.add_argument("--parallel", type=int, default=4, help="slots per engine")
     parser.add_argument("--ctx", type=int, default=512, help="context per slot")
+    parser.add_argument("--chats", type=int, default=0, help="measure the cache affinity of this many chats instead")
+    parser.add_argument("--turns", type=int, default=4, help="turns per chat (with --chats)")
     parser.add_argument("--record", default=None, help="also write the report (markdown) to this file")
     args = parser.parse_args()
     args.load_before = os.getloadavg()[0]
-    banned = end_of_generation_ids(args.model)
-    results = {n: measure(args, n, banned) for n in sorted({int(n) for n in args.replicas.split(",")})}
-    text = report(args, results)
+    if args.chats:
+        text = affinity_report(args)
+    else:
+        banned = end_of_generation_ids(args.model)
+        results = {n: measure(args, n, banned) for n in sorted({int(n) for n in args.replicas.split(",")})}
+        text = report(args, results)
     print(text)
     if args.record:
         Path(args.record).write_text(text, encoding="utf-8")

@@ -154,6 +154,16 @@ def test_the_config_file_in_the_docs_builds_an_application():
     assert deployment.max_ongoing_requests == 4
 
 
+def test_serve_run_with_key_value_arguments_builds_an_application():
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    # `serve run ember.server.ray:build_app model=smollm2-135m replicas=3 threads=2`: every value a string
+    app = call_user_app_builder_with_args_if_necessary(build_app, {"model": MODEL, "replicas": "3", "threads": "2"})
+    deployment = app._bound_deployment
+    assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"]) == (3, 2)
+    assert deployment.init_args == (MODEL, {"n_threads": 2, "parallel": 4})
+
+
 # -- on a local Ray cluster ----------------------------------------------------------------
 
 

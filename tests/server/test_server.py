@@ -182,6 +182,26 @@ def test_a_repeated_prompt_evaluates_only_its_last_token(runtime, reference):
     assert replies[0] == replies[1]
 
 
+def test_a_new_conversation_leaves_another_conversations_cache_alone(runtime, reference):
+    metrics = Metrics()
+    scheduler = Scheduler(runtime, reference.tokenizer, metrics=metrics)
+    system = list(range(100, 110))  # a system prompt both conversations start with
+    first, second = system + list(range(200, 230)), system + list(range(300, 330))
+    for prompt in (first, second):
+        events = []
+        scheduler.submit(scheduler.job(prompt, SamplingParams(temperature=0), 2, [], None, events.append))
+        run_until_idle(scheduler)
+    slots_with = {slot.seq for slot in scheduler.slots if slot.tokens[:len(first)] == first}
+    assert len(slots_with) == 1  # the second conversation took another slot
+    evaluated = metrics.prompt_tokens
+    next_turn = first + list(range(400, 410))
+    job = scheduler.job(next_turn, SamplingParams(temperature=0), 2, [], None, [].append)
+    scheduler.submit(job)
+    run_until_idle(scheduler)
+    assert job.slot.seq in slots_with
+    assert metrics.prompt_tokens - evaluated <= len(next_turn) - len(first)
+
+
 def test_the_waiting_queue_is_bounded(runtime, reference):
     scheduler = Scheduler(runtime, reference.tokenizer, queue_size=2)
     for _ in range(4 + 2):

@@ -4,7 +4,9 @@ Each step of the scheduler thread:
 
 1. requests whose client went away leave, and their sequence slots are free again;
 2. waiting requests take free slots: the slot whose cached tokens share the longest prefix
-   with the prompt, so the next turn of a conversation only evaluates what is new;
+   with the prompt, so the next turn of a conversation only evaluates what is new (a slot that
+   shares less than half of what it holds is left to its conversation: the request takes the
+   least recently used free slot instead);
 3. prompts are evaluated, at most `prefill_chunk` tokens per step over all of them, so a long
    prompt delays the running streams by a bounded time per token;
 4. one `Model.decode_batch` advances every generating slot by one token: one graph run, each
@@ -92,6 +94,8 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._n_generated = 0  # tokens sampled, ever
+        self._n_admitted = 0  # jobs given a slot, ever
+        self._last_admitted: dict[int, int] = {}  # slot's seq -> _n_admitted when it was last given out
 
     # -- the request side (any thread) -------------------------------------------------------
 
@@ -221,12 +225,24 @@ class Scheduler:
     def _admit(self) -> None:
         while self._waiting and self._free:
             job = self._waiting.popleft()
-            job.slot = max(self._free, key=lambda slot: slot.common_prefix(job.prompt))
+            job.slot = self._slot_for(job.prompt)
             self._free.remove(job.slot)
+            self._n_admitted += 1
+            self._last_admitted[job.slot.seq] = self._n_admitted
             self._running.append(job)
             job.n_evaluated = job.slot.keep_prefix(job.prompt)
             if job.reply.at_limit(context_full=False):  # max_tokens=0
                 self._send(job, job.reply.finish("length"))
+
+    def _slot_for(self, prompt: list[int]) -> SequenceCache:
+        """The free slot whose cache the prompt continues furthest; where that is under half of
+        what the slot holds (another conversation's cache, sharing a system prompt at most), the
+        free slot used least recently instead, empty ones first, so that conversations keep their
+        caches (llama-server's slot similarity of 0.5 does the same)."""
+        best = max(self._free, key=lambda slot: slot.common_prefix(prompt))
+        if 2 * best.common_prefix(prompt) >= len(best.tokens):
+            return best
+        return min(self._free, key=lambda slot: self._last_admitted.get(slot.seq, 0))
 
     def _leave(self, jobs) -> None:
         for job in list(jobs):
