@@ -40,6 +40,7 @@ ARCHITECTURES = {
     "glm4": "ember.models.glm4",
     "stablelm": "ember.models.stablelm",
     "deepseek2": "ember.models.deepseek2",
+    "smollm3": "ember.models.smollm3",
 }
 
 

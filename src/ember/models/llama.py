@@ -5,6 +5,7 @@ over the last llama.attention.sliding_window positions where the file gives one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +30,16 @@ class Multipliers:
     logit: float = 1.0
 
 
-def attention_layer(b: Builder, x: int, il: int, neox: bool, m: Multipliers = Multipliers()) -> int:
+def attention_layer(b: Builder, x: int, il: int, neox: bool, m: Multipliers = Multipliers(),
+                    rope: bool = True) -> int:
     """x + Attention(RMSNorm(x)); projections take biases when the file has them (Qwen2), queries
     and keys a per-head RMSNorm before RoPE when it has attn_q_norm / attn_k_norm (Qwen3); a
     sliding window where the file gives attention.sliding_window (Mistral)."""
     p = f"blk.{il}"
     h = b.rms_norm(x, f"{p}.attn_norm.weight")
     q, k = qk_norm(b, p, b.linear(h, f"{p}.attn_q"), b.linear(h, f"{p}.attn_k"))
-    q, k = b.rope_qk(q, k, neox)
+    if rope:  # SmolLM3's NoPE layers have none
+        q, k = b.rope_qk(q, k, neox)
     v = b.linear(h, f"{p}.attn_v")
     out = b.linear(b.attention(q, k, v, window=b.hp.sliding_window, scale=m.attention), f"{p}.attn_output")
     return b.g.add(x, scaled(b, out, m.residual))
@@ -55,10 +58,11 @@ def qk_norm(b: Builder, p: str, q: int, k: int) -> tuple[int, int]:
             b.rms_norm(k, f"{p}.attn_k_norm.weight", group=head_dim))
 
 
-def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers()) -> int:
+def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers(),
+                  rope_layers: Callable[[int], bool] = lambda il: True) -> int:
     x = scaled(b, b.g.get_rows(b.weight("token_embd.weight")), m.embedding)
     for il in range(b.hp.n_layer):
-        x = attention_layer(b, x, il, neox, m)
+        x = attention_layer(b, x, il, neox, m, rope=rope_layers(il))
         h = b.rms_norm(x, f"blk.{il}.ffn_norm.weight")
         x = b.g.add(x, scaled(b, b.gated_mlp(h, f"blk.{il}"), m.residual))
     # Only the rows whose logits are wanted go through the final norm and the LM head.
