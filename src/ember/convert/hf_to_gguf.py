@@ -1,6 +1,7 @@
 """`ember convert HF_DIR OUT.gguf --outtype f32|f16|bf16|q8_0`: a Hugging Face safetensors model
 (of a class an architecture in ember.models converts: LlamaForCausalLM, Olmo2ForCausalLM, ...) to a GGUF file with
-the metadata keys and tensor names llama.cpp uses, so ember and llama.cpp both run it.
+the metadata keys and tensor names llama.cpp uses, so ember and llama.cpp both run it. Mixtures of experts:
+the checkpoint's one tensor per expert become one 3-D tensor per layer and projection (ffn_*_exps).
 
 Tensor types follow llama.cpp's converter: 1-D tensors, norms and GPT-2's position embedding
 stay F32; every other weight gets the output type, except Q8_0 rows whose length is not a
@@ -98,7 +99,13 @@ def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
         extra += converter.merged_tensors(ckpt.tensors)
     planned = [_planned_array(name, values, outtype) for name, values in extra]
     split = getattr(converter, "split", None)  # converters over DecoderConverter have it
+    experts: dict[str, dict[int, SafeTensor]] = {}
     for hf_name, source in ckpt.tensors.items():
+        expert = converter.expert(hf_name) if hasattr(converter, "expert") else None
+        if expert is not None:
+            name, index = expert
+            experts.setdefault(name, {})[index] = source
+            continue
         parts = split(hf_name, tuple(source.shape)) if split else None
         if parts is not None:
             planned.extend(_planned_part(name, source, part, shape, outtype) for name, part, shape in parts)
@@ -106,6 +113,7 @@ def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
         name = converter.gguf_name(hf_name)
         if name is not None:
             planned.append(_planned_tensor(name, hf_name, source, converter, outtype))
+    planned.extend(_planned_experts(name, sources, outtype) for name, sources in experts.items())
     names = [t.name for t in planned]
     if len(set(names)) != len(names):
         duplicate = next(n for n in names if names.count(n) > 1)
@@ -116,10 +124,11 @@ def plan_tensors(ckpt, converter, outtype: GGMLType) -> list[PlannedTensor]:
 
 
 def tensor_type(name: str, shape: tuple[int, ...], outtype: GGMLType) -> GGMLType:
-    """llama.cpp's choice: F32 for 1-D tensors, norms, biases and position embeddings; else outtype."""
+    """llama.cpp's choice: F32 for 1-D tensors, norms, biases, position embeddings and the expert
+    routers; else outtype."""
     if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
         return GGMLType.F32
-    if name == "position_embd.weight":
+    if name == "position_embd.weight" or name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):
         return GGMLType.F32
     if shape[-1] % TYPES[outtype].block_size:
         return GGMLType.F16  # Q8_0 needs rows of whole 32-value blocks
@@ -154,6 +163,29 @@ def _planned_part(name: str, source: SafeTensor, part: Callable[[np.ndarray], np
         return _slabs(lambda start, stop: values[start:stop], shape, kind)
 
     return PlannedTensor(name, kind, shape, chunks)
+
+
+def _planned_experts(name: str, sources: dict[int, SafeTensor], outtype: GGMLType) -> PlannedTensor:
+    """One expert matrix per checkpoint tensor, stacked into the 3-D GGUF tensor (numpy order
+    [expert, rows, row length]), read and converted one expert at a time."""
+    n_expert = len(sources)
+    if sorted(sources) != list(range(n_expert)):
+        missing = sorted(set(range(max(sources) + 1)) - set(sources))
+        raise EmberError(f"the checkpoint lacks expert {missing[0]} of {name}")
+    shapes = {tuple(t.shape) for t in sources.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise EmberError(f"the experts of {name} are not matrices of one shape ({sorted(shapes)})")
+    for t in sources.values():
+        if not t.is_float:
+            raise EmberError(f"tensor {t.name} has dtype {t.dtype}; ember converts floating-point weights")
+    shape = next(iter(shapes))
+    kind = tensor_type(name, (n_expert, *shape), outtype)
+
+    def chunks():
+        for index in range(n_expert):
+            yield from _slabs(sources[index].rows, shape, kind)
+
+    return PlannedTensor(name, kind, (n_expert, *shape), chunks)
 
 
 def _planned_array(name: str, values: np.ndarray, outtype: GGMLType) -> PlannedTensor:

@@ -15,7 +15,7 @@ from ember.errors import GGUFError
 from ember.gguf.metadata import float_key, int_key, string_key
 from ember.gguf.types import GGMLType
 from ember.models.rope import RopeScaling, longrope_factors_name, mscale, read_scaling, yarn_divisors
-from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows, standard_shapes
+from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows, standard_shapes, trimmed_shape
 
 MAX_ROPE_DIMS = 1024  # the core's rope op rotates at most 512 pairs of a head
 
@@ -39,6 +39,7 @@ class HParams:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     value_dim: int = 0  # per-head value dimensions (MLA's differ from head_dim)
     mla: Any = None  # models/mla.py MLAParams, for multi-head latent attention files
+    moe: Any = None  # models/moe.py MoEParams, for mixture-of-experts files
 
     @classmethod
     def from_gguf(cls, f, default_eps_key: str = "attention.layer_norm_rms_epsilon",
@@ -159,9 +160,24 @@ class Builder:
         """A 2-D weight [rows, row length] in its stored type (zero copy)."""
         t = self._tensor(name)
         check_type(t)
+        if len(trimmed_shape(t.shape)) > 2:
+            raise GGUFError(f"tensor {name} has shape {list(t.shape)}; only expert weights (ffn_*_exps) may have "
+                            "three dimensions")
         ne0 = t.shape[0]
         ne1 = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
         return self.g.named_weight(name, int(t.type), int(ne0), ne1, t.data)
+
+    def expert_weight(self, name: str, n_expert: int) -> int:
+        """Stacked expert matrices, ggml shape [row length, rows, n_expert] (GGUF ffn_*_exps), as one
+        weight of n_expert x rows rows for the expert matmul (matmul_id)."""
+        t = self._tensor(name)
+        check_type(t)
+        shape = tuple(int(d) for d in t.shape)
+        if len(shape) > 3 or (shape + (1, 1))[2] != n_expert:
+            raise GGUFError(f"tensor {name} has shape {list(shape)}; an expert weight has {n_expert} "
+                            "matrices along its third dimension")
+        ne1 = int(np.prod(shape[1:]))
+        return self.g.named_weight(name, int(t.type), shape[0], ne1, t.data)
 
     def vector(self, name: str, optional: bool = False, add: float = 0.0) -> int:
         """A 1-D weight (norm scale, bias) as F32; -1 when optional and absent."""
@@ -256,12 +272,13 @@ class Builder:
         scale = 1.0 / math.sqrt(hp.head_dim) if scale is None else scale
         return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap, causal)
 
-    def gated_mlp(self, x: int, prefix: str, act: str = "silu") -> int:
-        """down(act(gate(x)) * up(x)), with biases where the file has them (Llama's mlp_bias)."""
-        gate = self.linear(x, f"{prefix}.ffn_gate")
-        up = self.linear(x, f"{prefix}.ffn_up")
+    def gated_mlp(self, x: int, prefix: str, act: str = "silu", suffix: str = "") -> int:
+        """down(act(gate(x)) * up(x)), with biases where the file has them (Llama's mlp_bias); the
+        tensors are {prefix}.ffn_gate{suffix} ... (suffix "_shexp": a mixture's shared experts)."""
+        gate = self.linear(x, f"{prefix}.ffn_gate{suffix}")
+        up = self.linear(x, f"{prefix}.ffn_up{suffix}")
         h = self.g.swiglu(gate, up) if act == "silu" else self.g.geglu(gate, up)
-        return self.linear(h, f"{prefix}.ffn_down")
+        return self.linear(h, f"{prefix}.ffn_down{suffix}")
 
     def lm_head(self, x: int) -> int:
         """The logits of the final hidden states x; with `embeddings` set, x itself."""

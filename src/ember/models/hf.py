@@ -5,7 +5,8 @@ llama.cpp's convert_hf_to_gguf.py does. Each model file (models/<arch>.py) has a
 
 A converter has `arch` (general.architecture), `metadata() -> {key: value}`,
 `gguf_name(hf_name) -> str | None` (None: not stored), `split(hf_name, shape) -> [(gguf name,
-values -> part, part shape)] | None` (a checkpoint tensor stored as several), `transforms(hf_name) -> bool` (whether
+values -> part, part shape)] | None` (a checkpoint tensor stored as several), `expert(hf_name) -> (gguf name, index) |
+None` (one expert's matrix of a 3-D expert tensor), `transforms(hf_name) -> bool` (whether
 `transform(hf_name, values) -> values` changes the tensor; numpy order, float32),
 `shape_after(hf_name, shape)`, `extra_tensors() -> [(gguf name, values)]` and
 `merged_tensors(checkpoint tensors) -> [(gguf name, values)]` (tensors made of several of the
@@ -36,6 +37,24 @@ DECODER_LAYER = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+# ... and the mixture-of-experts sub-modules (Mixtral's block_sparse_moe, Qwen-MoE's and OLMoE's
+# mlp, DeepSeek's shared_experts): the router and the shared experts
+MOE_LAYER = {
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+# one matrix per expert, stacked into blk.N.ffn_{gate,up,down}_exps (Mixtral names them w1, w3, w2)
+EXPERT = re.compile(r"^(?:model\.)?layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\."
+                    r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+EXPERT_TENSORS = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
+                  "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 DECODER_GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -65,7 +84,7 @@ class DecoderConverter:
     metadata, tensor names and layout changes. Architectures subclass it and set `arch`."""
 
     arch = ""
-    layer_names = DECODER_LAYER
+    layer_names = {**DECODER_LAYER, **MOE_LAYER}
 
     def __init__(self, config: dict):
         self.config = config
@@ -91,10 +110,27 @@ class DecoderConverter:
             f"{a}.attention.layer_norm_rms_epsilon": float(get(c, "rms_norm_eps", default=1e-6)),
             f"{a}.rope.dimension_count": self.head_dim,
         }
+        meta.update(self.moe_metadata())
         if c.get("head_dim") is not None:
             meta[f"{a}.attention.key_length"] = self.head_dim
             meta[f"{a}.attention.value_length"] = self.head_dim
         meta.update(self.rope_metadata(self.rope.get("full_attention", self.rope)))
+        return meta
+
+    def moe_metadata(self) -> dict[str, Any]:
+        """The expert keys llama.cpp's converter writes for any model whose config has them."""
+        c, a = self.config, self.arch
+        meta: dict[str, Any] = {}
+        for key, names in (("expert_count", ("num_local_experts", "num_experts", "n_routed_experts")),
+                           ("expert_used_count", ("num_experts_per_tok",)), ("expert_group_count", ("n_group",)),
+                           ("expert_group_used_count", ("topk_group",))):
+            if get(c, *names) is not None:
+                meta[f"{a}.{key}"] = int(get(c, *names))
+        score = get(c, "scoring_func", "score_function")
+        if score is not None:
+            if score not in ("softmax", "sigmoid"):
+                raise EmberError(f"expert scoring function {score!r} is not supported (ember has softmax and sigmoid)")
+            meta[f"{a}.expert_gating_func"] = 1 if score == "softmax" else 2
         return meta
 
     def rope_metadata(self, rope: dict) -> dict[str, Any]:
@@ -136,6 +172,14 @@ class DecoderConverter:
     def split(self, hf_name: str, shape: tuple[int, ...]) -> list | None:
         """The GGUF tensors a checkpoint tensor becomes, where it becomes several; else None."""
         return None
+
+    def expert(self, hf_name: str) -> tuple[str, int] | None:
+        """(GGUF tensor, expert index) of one expert's matrix, stacked with the others; else None."""
+        match = EXPERT.match(hf_name)
+        if match is None:
+            return None
+        layer, index, kind = match.groups()
+        return f"blk.{layer}.{EXPERT_TENSORS[kind]}.weight", int(index)
 
     def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
         return values

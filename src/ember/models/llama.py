@@ -1,5 +1,7 @@
-"""LLaMA family (SmolLM2, TinyLlama, DeepSeek-LLM, Llama 2/3.x, Mistral): pre-norm decoder with
-RMSNorm, rotary attention (GQA) and a SwiGLU MLP. The LM head may be tied to the token embedding;
+"""LLaMA family (SmolLM2, TinyLlama, DeepSeek-LLM, Llama 2/3.x, Mistral) and Mixtral: pre-norm
+decoder with RMSNorm, rotary attention (GQA) and a SwiGLU MLP, or in Mixtral a mixture of SwiGLU
+experts (llama.cpp writes Mixtral as `llama` with expert tensors: models/moe.py). The LM head may
+be tied to the token embedding;
 RoPE may be scaled (linear, YaRN, Llama 3's rope_freqs.weight: models/rope.py); attention slides
 over the last llama.attention.sliding_window positions where the file gives one (Mistral 7B v0.1)."""
 
@@ -11,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from ember.models import moe
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DecoderConverter, llama3_rope_factors, permute_rope_rows
 
-HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Multipliers:
 def attention_layer(b: Builder, x: int, il: int, neox: bool, m: Multipliers = Multipliers(),
                     rope: bool = True) -> int:
     """x + Attention(RMSNorm(x)); projections take biases when the file has them (Qwen2), queries
-    and keys a per-head RMSNorm before RoPE when it has attn_q_norm / attn_k_norm (Qwen3); a
+    and keys an RMSNorm before RoPE when it has attn_q_norm / attn_k_norm (Qwen3, OLMoE); a
     sliding window where the file gives attention.sliding_window (Mistral)."""
     p = f"blk.{il}"
     h = b.rms_norm(x, f"{p}.attn_norm.weight")
@@ -50,12 +53,16 @@ def scaled(b: Builder, x: int, factor: float) -> int:
 
 
 def qk_norm(b: Builder, p: str, q: int, k: int) -> tuple[int, int]:
-    """Per-head RMSNorm of queries and keys where the file has their weights."""
+    """RMSNorm of queries and keys where the file has their weights: per head where a weight is one
+    head wide (Qwen3), else over all heads together (OLMoE)."""
     if not b.has(f"{p}.attn_q_norm.weight"):
         return q, k
-    head_dim = b.hp.head_dim
-    return (b.rms_norm(q, f"{p}.attn_q_norm.weight", group=head_dim),
-            b.rms_norm(k, f"{p}.attn_k_norm.weight", group=head_dim))
+
+    def norm(x: int, name: str) -> int:
+        per_head = b.f.tensors[name].n_elements == b.hp.head_dim
+        return b.rms_norm(x, name, group=b.hp.head_dim if per_head else 0)
+
+    return norm(q, f"{p}.attn_q_norm.weight"), norm(k, f"{p}.attn_k_norm.weight")
 
 
 def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers(),
@@ -64,7 +71,7 @@ def build_decoder(b: Builder, neox: bool, m: Multipliers = Multipliers(),
     for il in range(b.hp.n_layer):
         x = attention_layer(b, x, il, neox, m, rope=rope_layers(il))
         h = b.rms_norm(x, f"blk.{il}.ffn_norm.weight")
-        x = b.g.add(x, scaled(b, b.gated_mlp(h, f"blk.{il}"), m.residual))
+        x = b.g.add(x, scaled(b, moe.ffn(b, h, il), m.residual))
     # Only the rows whose logits are wanted go through the final norm and the LM head.
     x = b.rms_norm(b.g.select_outputs(x), "output_norm.weight")
     logits = b.lm_head(x)
@@ -77,7 +84,14 @@ def build(b: Builder) -> int:
 
 
 def hparams(f) -> HParams:
-    return HParams.from_gguf(f)
+    hp = HParams.from_gguf(f)
+    if f"{hp.arch}.expert_count" in f.metadata:  # Mixtral: normalised top-k softmax weights
+        hp.moe = moe.MoEParams.from_gguf(f, hp, norm_weights=True)
+    return hp
+
+
+def tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    return moe.tensor_shapes(hp) if hp.moe is not None else {}
 
 
 class Converter(DecoderConverter):

@@ -51,7 +51,7 @@ def standard_shapes(hp) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _trimmed(shape: Iterable[int]) -> tuple[int, ...]:
+def trimmed_shape(shape: Iterable[int]) -> tuple[int, ...]:
     shape = tuple(int(d) for d in shape)
     while len(shape) > 1 and shape[-1] == 1:
         shape = shape[:-1]
@@ -69,7 +69,7 @@ def _layer_free(name: str) -> str:
 def check_shape(tensor, shapes: Mapping[str, tuple[int, ...]], arch: str) -> None:
     """The tensor's shape against the one the metadata gives its name (names not in shapes pass)."""
     expected = shapes.get(_layer_free(tensor.name))
-    if expected is not None and _trimmed(tensor.shape) != _trimmed(expected):
+    if expected is not None and trimmed_shape(tensor.shape) != trimmed_shape(expected):
         raise GGUFError(f"tensor {tensor.name} has shape {list(tensor.shape)}, but the {arch} metadata "
                         f"(embedding length, head counts, vocabulary, ...) makes it {list(expected)}")
 
