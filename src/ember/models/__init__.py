@@ -41,6 +41,9 @@ ARCHITECTURES = {
     "stablelm": "ember.models.stablelm",
     "deepseek2": "ember.models.deepseek2",
     "smollm3": "ember.models.smollm3",
+    "qwen2moe": "ember.models.qwen2moe",
+    "qwen3moe": "ember.models.qwen3moe",
+    "olmoe": "ember.models.olmoe",
 }
 
 
