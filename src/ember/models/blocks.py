@@ -17,6 +17,8 @@ from ember.gguf.types import GGMLType
 from ember.models.rope import RopeScaling, longrope_factors_name, mscale, read_scaling, yarn_divisors
 from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows, standard_shapes, trimmed_shape
 
+# 3-D weights read as one matrix per head (MLA's absorbed up-projections); ffn_*_exps go through expert_weight
+PER_HEAD_MATRICES = ("attn_k_b.weight", "attn_v_b.weight")
 MAX_ROPE_DIMS = 1024  # the core's rope op rotates at most 512 pairs of a head
 
 
@@ -160,9 +162,9 @@ class Builder:
         """A 2-D weight [rows, row length] in its stored type (zero copy)."""
         t = self._tensor(name)
         check_type(t)
-        if len(trimmed_shape(t.shape)) > 2:
-            raise GGUFError(f"tensor {name} has shape {list(t.shape)}; only expert weights (ffn_*_exps) may have "
-                            "three dimensions")
+        if len(trimmed_shape(t.shape)) > 2 and not name.endswith(PER_HEAD_MATRICES):
+            raise GGUFError(f"tensor {name} has shape {list(t.shape)}; only expert weights (ffn_*_exps) and MLA's "
+                            "per-head attn_k_b / attn_v_b may have three dimensions")
         ne0 = t.shape[0]
         ne1 = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
         return self.g.named_weight(name, int(t.type), int(ne0), ne1, t.data)
