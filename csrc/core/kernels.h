@@ -28,7 +28,7 @@ using GemmTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void
                             const void* y, size_t y_stride, int n_rows, int n_cols);
 
 // Activation panels (AVX-512): kPanelTokens activation rows repacked block by block so that one
-// instruction multiplies a weight row's 4 bytes with every token (quants/panel.h).
+// instruction multiplies a weight row's 4 bytes with every token (quants/x86/avx512_panel.h).
 constexpr int kPanelTokens = 16;
 constexpr size_t kPanelBlockBytes = 8 * kPanelTokens * 4 + 3 * kPanelTokens * 4;  // per 32 elements
 // Bytes of one panel of rows of n elements.

@@ -15,7 +15,7 @@ constexpr int64_t kFewTokens = 4;
 // Thread ith's share of the weight rows, in whole tiles of kRowTile.
 Range row_tiles(int64_t n_rows, int ith, int nth);
 
-// Whether M activation rows go through panels (quants/panel.h) for weights with these kernels.
+// Whether M activation rows go through panels (quants/x86/avx512_panel.h) for weights with these kernels.
 inline bool uses_panels(const TypeKernels& tk, int64_t M) {
   return tk.vec_dot_type != GGMLType::F32 && tk.gemm_panel && M >= kPanelMinTokens;
 }

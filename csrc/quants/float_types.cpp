@@ -5,7 +5,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #if defined(__AVX2__)
-#include "quants/simd.h"
+#include "quants/x86/avx2_simd.h"
 #endif
 
 namespace ember {

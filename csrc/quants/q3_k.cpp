@@ -10,9 +10,9 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
-#include "quants/k_panel.h"
-#include "quants/k_tile.h"
-#include "quants/simd.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_tile.h"
+#include "quants/x86/avx2_simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -65,7 +65,7 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum((u - 4) qy), u = q + 4 (0..7), for one weight super-block and C activation
-// blocks, in k_tile.h's order. Each 3-bit plane is unpacked once for all C.
+// blocks, in avx2_k_tile.h's order. Each 3-bit plane is unpacked once for all C.
 struct Q3KTile {
   using BX = block_q3_K;
   using BY = block_q8_K;

@@ -7,9 +7,9 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
-#include "quants/panel.h"
-#include "quants/simd.h"
-#include "quants/tile.h"
+#include "quants/x86/avx512_panel.h"
+#include "quants/x86/avx2_simd.h"
+#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {

@@ -6,9 +6,9 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
-#include "quants/k_panel.h"
-#include "quants/k_tile.h"
-#include "quants/simd.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_tile.h"
+#include "quants/x86/avx2_simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -57,7 +57,7 @@ EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
 // dy (d sum_j scale_j sum(q qy) - dmin sum_j min_j sum(qy)) for one weight super-block and C
-// activation blocks, in k_tile.h's order. Each chunk of quants is unpacked once for
+// activation blocks, in avx2_k_tile.h's order. Each chunk of quants is unpacked once for
 // all C.
 struct Q4KTile {
   using BX = block_q4_K;

@@ -7,9 +7,9 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
-#include "quants/k_panel.h"
-#include "quants/k_tile.h"
-#include "quants/simd.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_tile.h"
+#include "quants/x86/avx2_simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -38,7 +38,7 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
 
 #if defined(__AVX2__)
 // d dy sum_s sc_s sum(q qy) - dmin dy sum_s m_s sum(qy) for one weight super-block and C
-// activation blocks, in k_tile.h's order. Each sub-block is unpacked once for all C.
+// activation blocks, in avx2_k_tile.h's order. Each sub-block is unpacked once for all C.
 struct Q5KTile {
   using BX = block_q5_K;
   using BY = block_q8_K;

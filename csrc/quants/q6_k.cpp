@@ -7,9 +7,9 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/k_scales.h"
-#include "quants/k_panel.h"
-#include "quants/k_tile.h"
-#include "quants/simd.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_tile.h"
+#include "quants/x86/avx2_simd.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -48,7 +48,7 @@ inline __m256i pick_scale_pair(__m256i scales, int k) {
 }
 
 // d dy sum_j scale_j (sum(q qy) - 32 sum(qy)) for one weight super-block and C activation
-// blocks, in k_tile.h's order. Each half block is unpacked once for all C.
+// blocks, in avx2_k_tile.h's order. Each half block is unpacked once for all C.
 struct Q6KTile {
   using BX = block_q6_K;
   using BY = block_q8_K;

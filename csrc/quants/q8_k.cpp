@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/kernels.h"
-#include "quants/k_panel.h"
+#include "quants/x86/avx512_k_panel.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {

@@ -1,16 +1,16 @@
 // AVX-512 (VNNI) prompt kernels for the K-quants (Q2_K .. Q6_K): 16 tokens in the lanes of a
-// vector, as panel.h does for the 32-weight types.
+// vector, as avx512_panel.h does for the 32-weight types.
 //
 // The Q8_K activations of 16 tokens are repacked once per matmul into panels of PanelKBlocks:
 // chunk k of a super-block holds elements 4k .. 4k + 3 of every token, so one vpdpbusd
 // multiplies a broadcast 4-byte group of a weight row's unsigned quants with all 16 tokens. A
 // row's super-block is unpacked once per panel (T::quants, the same unpacking as the one-token
-// kernels'), and the sums follow the K-quant order of k_tile.h exactly: each sub-block's integer
+// kernels'), and the sums follow the K-quant order of avx2_k_tile.h exactly: each sub-block's integer
 // sum, zero point subtracted, times its scale, summed in integers over the super-block (and the
 // mins times the tokens' sub-block sums), then one FMA each into the partial sums S and M of
 // super-block b mod 8, kept in memory. So a prompt gives each token the bits it gets alone.
 //
-// A type plugs in through its k_tile.h Traits plus:
+// A type plugs in through its avx2_k_tile.h Traits plus:
 //   kSub                          weights per scale (16 or 32)
 //   kZeroShift                    log2 of the zero point of the unsigned quants, or -1
 //   kMins                         whether the type subtracts dmin min_j sum(qy)
@@ -28,7 +28,7 @@
 
 #include "core/kernels.h"
 #include "core/types.h"
-#include "quants/k_tile.h"
+#include "quants/x86/avx2_k_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -90,7 +90,7 @@ inline void add_sub_block(__m512i isum, __m512i ysum, int32_t sc, int32_t mn, __
   if constexpr (T::kMins) mins = _mm512_add_epi32(mins, _mm512_mullo_epi32(ysum, _mm512_set1_epi32(mn)));
 }
 
-// The 8 partial sums of k_tile.h's order for 16 tokens (S, then M), and their result.
+// The 8 partial sums of avx2_k_tile.h's order for 16 tokens (S, then M), and their result.
 struct PanelPartials {
   alignas(64) float S[8][kPanelTokens], M[8][kPanelTokens];
   void clear() { std::memset(this, 0, sizeof(*this)); }
@@ -103,7 +103,7 @@ struct PanelPartials {
   }
 };
 
-// Partial sums b mod 8 += super-block b's integer sums (k_tile.h's order).
+// Partial sums b mod 8 += super-block b's integer sums (avx2_k_tile.h's order).
 template <typename T>
 inline void add_super_block(__m512i scaled, __m512i mins, __m512 dy, float d, float dmin, PanelPartials& p, int64_t b) {
   float* S = p.S[b % 8];
@@ -166,7 +166,7 @@ void gemm_panel_k(int64_t n, float* out, size_t out_stride, const void* vx, size
 #if defined(EMBER_ISA_amx)
 template <typename T>
 void gemm_panel_k_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
-                      int n_rows, int n_cols);  // quants/amx_panel.h
+                      int n_rows, int n_cols);  // quants/x86/amx_panel.h
 #endif
 
 // A K-quant's prompt kernel: the tiles in the amx table, vpdpbusd otherwise.
@@ -182,6 +182,6 @@ constexpr GemmPanelFn k_panel_kernel_for() {
 }  // namespace EMBER_ISA_NS
 }  // namespace ember
 #if defined(EMBER_ISA_amx)
-#include "quants/amx_panel.h"
+#include "quants/x86/amx_panel.h"
 #endif
 #endif

@@ -6,7 +6,7 @@
 //   sums<C>(const BX&, const BY* const y[C], b, __m256i sum[C], __m256i mins[C])
 //                   super-block b's integer sums with each y, as 8 int32 lanes whose totals are
 //                   scaled_b and mins_b below (mins untouched without kMins)
-// (and for the kernels with tokens in lanes and dequantize_row_k, k_panel.h's members).
+// (and for the kernels with tokens in lanes and dequantize_row_k, avx512_k_panel.h's members).
 //
 // Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
 // two exact integer sums,
@@ -17,7 +17,7 @@
 // and the result is D = S - M (lane by lane) summed as ((D0 + D4) + (D2 + D6)) + ((D1 + D5) + (D3 + D7))
 // (hsum_f32_8's order). One row's decode kernel (k_tile_cols) keeps the 8 partials in the lanes
 // of a vector and reduces 8 super-blocks' integer lanes at once; the prompt kernels with tokens
-// in lanes (k_panel.h) keep them in memory. So a token gets the same bits alone, in a batch or in
+// in lanes (avx512_k_panel.h) keep them in memory. So a token gets the same bits alone, in a batch or in
 // a prompt.
 #pragma once
 #if defined(__AVX2__)
@@ -27,8 +27,8 @@
 #include <cstdint>
 
 #include "core/types.h"
-#include "quants/simd.h"
-#include "quants/tile.h"
+#include "quants/x86/avx2_simd.h"
+#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 
@@ -125,7 +125,7 @@ void vec_dot_k_tile(int64_t n, float* out, const void* vx, const void* vy) {
   k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), static_cast<const uint8_t*>(vy), 0);
 }
 
-// Dequantization through the unpacking the kernels use (k_panel.h's quants, scales, d, dmin,
+// Dequantization through the unpacking the kernels use (avx512_k_panel.h's quants, scales, d, dmin,
 // kSub, kZeroShift): value = (d scale_j) (q - z) - dmin min_j.
 template <typename T>
 void dequantize_row_k(const void* src, float* dst, int64_t n) {

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "quants/simd.h"
+#include "quants/x86/avx2_simd.h"
 
 namespace ember {
 

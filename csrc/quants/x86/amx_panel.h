@@ -1,7 +1,7 @@
 // AMX int8 tiles for prompt processing (the amx kernel table): the panel kernels' products,
 // 16 weight rows x 16 tokens x one block (or K-quant sub-block) per tile instruction.
 //
-// A block of a 16-token panel (panel.h) is already the layout AMX wants for its second operand:
+// A block of a 16-token panel (avx512_panel.h) is already the layout AMX wants for its second operand:
 // B holds K/4 rows of N 4-byte groups, and chunk k of a panel block holds group k of each
 // token's activations, so the block is a tile as it stands (8 rows of 64 bytes, loaded from the
 // panel in place). The first operand, A, is 16 weight rows' unsigned quants (T::unpack_unsigned),
@@ -24,8 +24,8 @@
 #include "core/amx_tiles.h"
 #include "core/fp16.h"
 #include "core/kernels.h"
-#include "quants/k_panel.h"
-#include "quants/panel.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx512_panel.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -130,10 +130,10 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
   tile_release();
 }
 
-// The K-quants (k_panel.h) on the tiles: sub-block j of 16 rows' unpacked quants (UnpackedK,
+// The K-quants (avx512_k_panel.h) on the tiles: sub-block j of 16 rows' unpacked quants (UnpackedK,
 // loaded in place at its stride) times the same sub-block of a K panel (kSub / 4 chunks of 16
-// tokens), one tdpbusd per sub-block and panel; then the integer sums go through k_panel.h's
-// add_sub_block and add_super_block, in k_tile.h's order. Two sub-blocks at a time: tiles 0 and 5
+// tokens), one tdpbusd per sub-block and panel; then the integer sums go through avx512_k_panel.h's
+// add_sub_block and add_super_block, in avx2_k_tile.h's order. Two sub-blocks at a time: tiles 0 and 5
 // hold their quants, 1 and 3 the panel's, 2 and 4 the sums.
 template <int A, int B, int C>
 inline void start_sub_block_sums(const void* quants, size_t quant_stride, const PanelKBlock& pb, int chunk) {

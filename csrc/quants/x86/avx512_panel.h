@@ -22,7 +22,7 @@
 //   tokens, and 8 of them give the block's 16 integer sums. The float work per block is one
 //   conversion and one FMA for 16 (row, token) pairs.
 //
-// A type plugs in through the traits of tile.h plus:
+// A type plugs in through the traits of avx2_tile.h plus:
 //   unpack_unsigned(const BX&) -> __m256i   the 32 quants as unsigned bytes (Q8_0: q + 128)
 //   kZeroShift                              log2 of the zero point z, or -1 for none
 #pragma once
@@ -40,8 +40,8 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "core/types.h"
-#include "quants/simd.h"
-#include "quants/tile.h"
+#include "quants/x86/avx2_simd.h"
+#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -398,7 +398,7 @@ void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t
 #if defined(EMBER_ISA_amx)
 template <typename T>
 void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
-                    int n_rows, int n_cols);  // quants/amx_panel.h
+                    int n_rows, int n_cols);  // quants/x86/amx_panel.h
 #endif
 
 // Points a weight type's kernels at the AVX-512 ones (and, in the amx table, its panels at the
@@ -417,6 +417,6 @@ void use_avx512_kernels(TypeKernels& k) {
 }  // namespace EMBER_ISA_NS
 }  // namespace ember
 #if defined(EMBER_ISA_amx)
-#include "quants/amx_panel.h"
+#include "quants/x86/amx_panel.h"
 #endif
 #endif
