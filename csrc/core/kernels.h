@@ -84,26 +84,26 @@ struct KernelTable {
   const TypeKernels& of(GGMLType t) const { return types[static_cast<int>(t)]; }
 };
 
-// Registration, one set per ISA namespace. register_kernels fills the whole table.
-#define EMBER_DECLARE_ISA(NS)                          \
-  namespace NS {                                       \
-  void register_kernels(KernelTable& table);           \
-  void register_ops(KernelTable& table);               \
-  void register_float_types(KernelTable& table);       \
-  void register_q8(KernelTable& table);                \
-  void register_q4(KernelTable& table);                \
-  void register_q5(KernelTable& table);                \
-  void register_q8_k(KernelTable& table);              \
-  void register_q2_k(KernelTable& table);              \
-  void register_q3_k(KernelTable& table);              \
-  void register_q4_k(KernelTable& table);              \
-  void register_q5_k(KernelTable& table);              \
-  void register_q6_k(KernelTable& table);              \
+// Every function that fills part of an ISA's kernel table, once, in the order register_kernels
+// (ops/registry.cpp) calls them: the ops (ops/*.cpp), then the tensor types (quants/*.cpp).
+#define EMBER_KERNEL_REGISTRARS(X)                                                                   \
+  X(register_elementwise_ops) X(register_norm_ops) X(register_rope_ops) X(register_get_rows_ops)   \
+  X(register_attention_ops) X(register_matmul_ops) X(register_matmul_id_ops) X(register_routing_ops) \
+  X(register_float_types) X(register_q8) X(register_q4) X(register_q5) X(register_q8_k)             \
+  X(register_q2_k) X(register_q3_k) X(register_q4_k) X(register_q5_k) X(register_q6_k)
+
+// The declarations of one ISA namespace. register_kernels fills the whole table.
+#define EMBER_DECLARE_REGISTRAR_(fn) void fn(KernelTable& table);
+#define EMBER_DECLARE_ISA(NS)                      \
+  namespace NS {                                   \
+  void register_kernels(KernelTable& table);       \
+  EMBER_KERNEL_REGISTRARS(EMBER_DECLARE_REGISTRAR_) \
   }
 EMBER_DECLARE_ISA(scalar)
 EMBER_DECLARE_ISA(avx2)
 EMBER_DECLARE_ISA(avx512)
 EMBER_DECLARE_ISA(amx)
 #undef EMBER_DECLARE_ISA
+#undef EMBER_DECLARE_REGISTRAR_
 
 }  // namespace ember

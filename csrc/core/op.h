@@ -1,7 +1,8 @@
 // The graph's ops: one list (EMBER_OPS) gives the Op enum, each op's name (the ember._core.Graph
 // method that adds it, and what profile() reports) and the type of its parameters.
-// Adding an op: a line here, its parameters struct if it has parameters, a kernel in ops/ that
-// registers itself for the op, and a Graph method in bindings.cpp named op_name(op).
+// Adding an op: a line here, its parameters struct if it has parameters (listed in NodeParams),
+// a kernel in ops/ that a register_* function of EMBER_KERNEL_REGISTRARS (core/kernels.h) puts in
+// the table, and a Graph method in bindings.cpp named op_name(op).
 #pragma once
 #include <cstddef>
 #include <cstdint>
