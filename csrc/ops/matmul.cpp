@@ -62,7 +62,7 @@ void matmul_float_rows(const KernelTable& kernels, GGMLType w_type, int64_t K, c
   const DequantizeRowFn dequantize = kernels.of(w_type).dequantize_row;
   const TypeKernels& f32 = kernels.of(GGMLType::F32);
   // Few tokens (decoding): 4 rows at a time, so that the dequantized rows stay in L1 between
-  // their store and the dot products (gemma3-270m decode step 26 -> 16.5 ms against 16 rows).
+  // their store and the dot products (benchmarks/RESULTS.md, "Kernel choices").
   const int64_t step = M <= kFewTokens ? 4 : kDequantRows;
   for (int64_t r0 = rows.begin; r0 < rows.end; r0 += step) {
     const int64_t n_rows = std::min(step, rows.end - r0);

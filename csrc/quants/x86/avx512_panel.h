@@ -296,10 +296,9 @@ void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
   const int64_t nb = n / 32;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
-  // Measured on Zen 4 (weights from memory at 2 threads, in cache at 1): rows16t_kernel beats or
-  // ties the 8-row kernels (rows8_kernel, and the 8-row transposing and 4 x 4 kernels it
-  // replaced) at every token count, by 20-60% for Q4_0 and Q4_1 and at 2 tokens for all types,
-  // except Q5_0 at one token, where reducing each row across lanes is 8% faster.
+  // Tokens in groups of 4, 2, then 1 through rows16t_kernel, except one token of Q5_0, where
+  // rows8_kernel (each row reduced across lanes) is the faster (benchmarks/RESULTS.md, "Kernel
+  // choices"); what is left, and rows longer than kMaxScaleBlocks blocks, through rows8_kernel.
   int c0 = 0;
   auto tokens = [&](auto kernel, int C) {
     for (; c0 + C <= n_cols; c0 += C) kernel(nb, out + c0 * out_stride, out_stride, x, x_stride, n_rows, y + c0 * y_stride, y_stride);
