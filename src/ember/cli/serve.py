@@ -26,7 +26,7 @@ def cli_serve(args) -> int:
     try:
         import uvicorn
     except ImportError:
-        raise EmberError("the server needs fastapi and uvicorn: pip install 'ember[server]'") from None
+        raise EmberError("the server needs fastapi and uvicorn: pip install fastapi uvicorn") from None
     sock = listening_socket(args.host, args.port)  # before loading: a busy port fails at once
     host, port = sock.getsockname()[:2]
     from ember.server import build_server
