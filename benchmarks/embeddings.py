@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from ember.engine.embed import Embedder  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
+from ember.sysinfo import cpu_name  # noqa: E402
 from ember.tokenizer.tokenizer import Tokenizer  # noqa: E402
 
 TOPICS = ["cats", "the weather", "a train timetable", "bread recipes", "mountain hikes", "jazz", "tax forms",
@@ -40,16 +40,6 @@ def timed(fn) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
