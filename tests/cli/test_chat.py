@@ -8,19 +8,17 @@ import select
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-import ember
 from ember.cli.chat import ChatSession, repl
 from ember.engine.sampling import SamplingParams
 from ember.errors import ContextFullError
 from fake_llm import fake_llm
-from paths import TESTS
+from paths import TESTS, ember_root
 
 GREEDY = SamplingParams(temperature=0.0)
-SRC = Path(ember.__file__).parent.parent
+SRC = ember_root()
 
 
 def session(n_ctx=256, system=None, notices=None, max_tokens=None):

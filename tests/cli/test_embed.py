@@ -13,13 +13,13 @@ import pytest
 
 import ember
 from encoder_models import minilm_gguf
-from paths import REPO
+from paths import ember_root
 
 pytestmark = pytest.mark.model
 
 
 def ember_cli(*argv, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ember_root())}
     return subprocess.run([sys.executable, "-m", "ember", *argv], capture_output=True, text=True, timeout=300,
                           env=env, **kwargs)
 

@@ -9,7 +9,6 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,10 @@ from ember.cli.main import batch_size, build_parser, main
 from ember.engine.sampling_params import DEFAULTS
 from ember.sysinfo import physical_cores
 from fake_llm import ByteTokenizer, continuation, fake_llm
+from paths import ember_root
 from tiny_gguf import N_CTX_TRAIN, write_tiny_model
 
-SRC = Path(ember.__file__).parent.parent
+SRC = ember_root()
 MODEL_COMMANDS = ["run", "chat", "serve", "bench", "perplexity"]
 
 

@@ -6,17 +6,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-import ember
 from ember.cli import run as run_command
 from ember.cli.main import main
 from fake_llm import ByteTokenizer, continuation, fake_llm
-from paths import FIXTURES
+from paths import FIXTURES, ember_root
 
-SRC = Path(ember.__file__).parent.parent
+SRC = ember_root()
 TIMING = r"ember: load time += +[\d.]+ ms\n" \
          r"ember: prompt eval = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n" \
          r"ember: generation  = +[\d.]+ ms / +\d+ tokens \( *[\d.]+ tokens per second\)\n"

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import ember
 from ember import _core
 from ember.cli.main import main
 from ember.gguf import GGUFWriter, open_gguf
@@ -29,7 +28,7 @@ from ember.gguf.types import GGMLType
 from ember.quant.presets import PRESETS
 from ember.quant.quantize import output_types, quantize_file
 from ember.quant.reference import dequantize, dequantize_tensor
-from paths import FIXTURES
+from paths import FIXTURES, ember_root
 
 gguf_quants = pytest.importorskip("gguf.quants")
 
@@ -39,7 +38,7 @@ from quantize_edge_rows import with_edge_rows
 T = GGMLType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K, "Q6_K": T.Q6_K}  # --pure preset -> type
-SRC = Path(ember.__file__).resolve().parent.parent  # where this process imports ember from
+SRC = ember_root()
 
 
 

@@ -20,10 +20,11 @@ import yaml
 
 from ember.hub import resolve_model
 from ember_server import ServerProcess
-from paths import REPO, TESTS
+from paths import REPO, TESTS, ember_root
 
 import ray
 from ray import serve
+
 
 from ember.errors import EmberError
 from ember.server.ray import (
@@ -221,14 +222,26 @@ def probes(url: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster of 2 CPUs, no dashboard; ray workers import ember from this checkout."""
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")])
-    context = ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    """A local Ray cluster of 2 CPUs, no dashboard.
+
+    Ray workers import the ember this test imports (an installed one, or this checkout's src/ with
+    its in-place build) and the tests' helper modules; the PYTHONPATH that tells them so is this
+    fixture's own and is put back afterwards, so later tests' subprocesses do not inherit it.
+    """
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ember_root()), str(TESTS), *([saved] if saved else [])])
     try:
-        yield context.address_info["gcs_address"]
+        context = ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+        try:
+            yield context.address_info["gcs_address"]
+        finally:
+            serve.shutdown()
+            ray.shutdown()
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 @pytest.fixture(scope="module")
