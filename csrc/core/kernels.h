@@ -90,7 +90,7 @@ struct KernelTable {
   X(register_elementwise_ops) X(register_norm_ops) X(register_rope_ops) X(register_get_rows_ops)   \
   X(register_attention_ops) X(register_matmul_ops) X(register_matmul_id_ops) X(register_routing_ops) \
   X(register_float_types) X(register_q8) X(register_q4) X(register_q5) X(register_q8_k)             \
-  X(register_q2_k) X(register_q3_k) X(register_q4_k) X(register_q5_k) X(register_q6_k)
+  X(register_q2_k) X(register_q3_k) X(register_q4_k) X(register_q5_k) X(register_q6_k) X(register_iq4)
 
 // The declarations of one ISA namespace. register_kernels fills the whole table.
 #define EMBER_DECLARE_REGISTRAR_(fn) void fn(KernelTable& table);

@@ -21,6 +21,8 @@ struct TypeTable {
     set(GGMLType::Q5_K, "Q5_K", QK_K, sizeof(block_q5_K));
     set(GGMLType::Q6_K, "Q6_K", QK_K, sizeof(block_q6_K));
     set(GGMLType::Q8_K, "Q8_K", QK_K, sizeof(block_q8_K));
+    set(GGMLType::IQ4_NL, "IQ4_NL", QK4_NL, sizeof(block_iq4_nl));
+    set(GGMLType::IQ4_XS, "IQ4_XS", QK_K, sizeof(block_iq4_xs));
   }
   constexpr void set(GGMLType t, const char* name, int64_t bs, size_t ts) {
     traits[static_cast<int>(t)] = TypeTraits{name, bs, ts};

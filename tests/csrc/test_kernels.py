@@ -17,7 +17,7 @@ ISAS = _core.available_isas()
 SCALE_FIELDS = {
     GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
     GGMLType.Q8_0: [0], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2],
-    GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+    GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208], GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0],
 }
 QUANTIZED = list(SCALE_FIELDS)
 WEIGHT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, *QUANTIZED]
@@ -28,6 +28,7 @@ VEC_DOT_TYPE = {
     GGMLType.Q4_1: GGMLType.Q8_1, GGMLType.Q5_1: GGMLType.Q8_1,
     GGMLType.Q2_K: GGMLType.Q8_K, GGMLType.Q3_K: GGMLType.Q8_K, GGMLType.Q4_K: GGMLType.Q8_K,
     GGMLType.Q5_K: GGMLType.Q8_K, GGMLType.Q6_K: GGMLType.Q8_K,
+    GGMLType.IQ4_NL: GGMLType.Q8_0, GGMLType.IQ4_XS: GGMLType.Q8_K,
 }
 
 

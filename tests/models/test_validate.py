@@ -120,7 +120,7 @@ def test_a_tensor_that_does_not_fit_the_metadata_is_an_error_naming_it(tmp_path,
         load(tmp_path, **changes)
 
 
-@pytest.mark.parametrize("ggml_type", [GGMLType.Q8_1, GGMLType.I32, GGMLType.IQ4_NL])
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q8_1, GGMLType.I32, GGMLType.MXFP4])
 def test_a_weight_of_a_type_without_kernels_is_refused(tmp_path, ggml_type):
     with pytest.raises(GGUFError, match=rf"tensor blk\.0\.attn_q\.weight is of type {ggml_type.name}, "
                                         "which ember cannot compute with"):

@@ -121,8 +121,8 @@ def test_quantize_rows_rejects_bad_arguments():
         _core.quantize_rows(int(T.Q4_K), x, 0)
     with pytest.raises(ValueError, match="multiple of 256"):
         _core.quantize_rows(int(T.Q4_K), np.zeros((2, 96), np.float32), 1)
-    with pytest.raises(ValueError, match=f"unknown tensor type id {int(T.IQ4_XS)}"):
-        _core.quantize_rows(int(T.IQ4_XS), x, 1)
+    with pytest.raises(ValueError, match=f"unknown tensor type id {int(T.IQ2_XXS)}"):
+        _core.quantize_rows(int(T.IQ2_XXS), x, 1)
     with pytest.raises(ValueError, match="not n_per_row values"):
         _core.convert_rows(int(T.F16), np.zeros((2, 100), np.uint8), int(T.Q8_0), 64, 1)
 

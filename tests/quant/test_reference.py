@@ -15,11 +15,12 @@ from ember.gguf.types import TYPES, GGMLType, tensor_bytes, type_by_name  # noqa
 from ember.quant.reference import dequantize, dequantize_tensor, quantize
 
 DEQUANTIZED_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 QUANTIZED_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 # where each block keeps its f16 scales (d, and dmin where there is one): ggml-common.h
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def gguf_type(name: str):

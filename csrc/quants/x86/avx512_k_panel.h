@@ -1,4 +1,4 @@
-// AVX-512 (VNNI) prompt kernels for the K-quants (Q2_K .. Q6_K): 16 tokens in the lanes of a
+// AVX-512 (VNNI) prompt kernels for the K-quants (Q2_K .. Q6_K, IQ4_XS): 16 tokens in the lanes of a
 // vector, as avx512_panel.h does for the 32-weight types.
 //
 // The Q8_K activations of 16 tokens are repacked once per matmul into panels of PanelKBlocks:

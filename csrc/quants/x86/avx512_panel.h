@@ -1,4 +1,4 @@
-// AVX-512 (VNNI) kernels for the 32-weight block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+// AVX-512 (VNNI) kernels for the 32-weight block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL).
 //
 // Every (weight row, token) pair is summed in one order, whichever kernel computes it:
 //   S = 0; for each block b in order:  S = fma(float(isum_b), dx_b * dy_b, S)
@@ -177,17 +177,18 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* g) {
 }
 
 // Block b of 16 rows unpacked to unsigned bytes and transposed: w[k] holds group k (elements
-// 4k .. 4k + 3) of rows 0 .. 15, row r in lane r. Q4_0 and Q4_1 transpose their packed bytes
-// (packed 4-byte group j holds groups j and j + 4 in its low and high nibbles: half the
+// 4k .. 4k + 3) of rows 0 .. 15, row r in lane r. Q4_0, Q4_1 and IQ4_NL transpose their packed
+// bytes (packed 4-byte group j holds groups j and j + 4 in its low and high nibbles: half the
 // shuffles), rows i, i + 4, i + 8 and i + 12 in one vector, a row per 128-bit quarter, so that
-// unpacks within quarters leave the rows in order. The other types transpose their unpacked
+// unpacks within quarters leave the rows in order; IQ4_NL then looks its nibbles up in its table
+// (T::values_512). The other types transpose their unpacked
 // bytes, rows r and r + 8 side by side: unpacks within quarters leave group k of rows 0 .. 3
 // (4 .. 7, 8 .. 11, 12 .. 15) in quarters of two vectors, and one two-source permute per group
 // puts the quarters in order.
 template <typename T>
 inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, __m512i w[8]) {
   using BX = typename T::BX;
-  if constexpr (std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1>) {
+  if constexpr (std::is_same_v<BX, block_q4_0> || std::is_same_v<BX, block_q4_1> || std::is_same_v<BX, block_iq4_nl>) {
     auto quarter = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[r][b].qs)); };
     __m512i p[4];
     for (int i = 0; i < 4; ++i) {
@@ -205,6 +206,8 @@ inline void unpack_transposed_16(const typename T::BX* const xr[16], int64_t b, 
       w[j] = _mm512_and_si512(q[j], low);
       w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(q[j], 4), low);
     }
+    if constexpr (std::is_same_v<BX, block_iq4_nl>)
+      for (int k = 0; k < 8; ++k) w[k] = T::values_512(w[k]);
   } else {
     __m512i v[8], t[8], u[8];
     for (int r = 0; r < 8; ++r)

@@ -154,6 +154,30 @@ def _dequant_q6_k(b: np.ndarray) -> np.ndarray:
     return (scale * q).reshape(n, QK_K)
 
 
+# ggml-common.h kvalues_iq4nl: the 16 levels of IQ4_NL and IQ4_XS, indexed by a nibble.
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def _dequant_iq4_nl(b: np.ndarray) -> np.ndarray:
+    # block_iq4_nl: d, qs[16] (nibbles as Q4_0's, indices into IQ4_VALUES)
+    d = _f16(b[:, :2])
+    q = IQ4_VALUES[_nibbles(b[:, 2:], 1, 16).reshape(len(b), 32)].astype(np.float32)
+    return d * q
+
+
+def _dequant_iq4_xs(b: np.ndarray) -> np.ndarray:
+    # block_iq4_xs: d, scales_h (u16: bits 2j..2j+1 = top bits of scale j), scales_l[4] (nibble j =
+    # low bits of scale j), qs[128]; 8 sub-blocks of 32, each with a 6-bit scale biased by 32
+    n = len(b)
+    d = _f16(b[:, :2])
+    high = _bits(b[:, 2:4], 1, 4, 2).reshape(n, 8)  # little-endian u16: byte 0 holds scales 0-3
+    low = _nibbles(b[:, 4:8], 4, 1).reshape(n, 8)
+    scales = ((low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)).astype(np.float32)
+    dl = (d * scales).reshape(n, 8, 1)
+    q = IQ4_VALUES[_nibbles(b[:, 8:], 8, 16).reshape(n, 8, 32)].astype(np.float32)
+    return (dl * q).reshape(n, QK_K)
+
+
 def _dequant_f32(b: np.ndarray) -> np.ndarray:
     return b.copy().view("<f4")
 
@@ -170,7 +194,7 @@ _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     _T.F32: _dequant_f32, _T.F16: _dequant_f16, _T.BF16: _dequant_bf16,
     _T.Q4_0: _dequant_q4_0, _T.Q4_1: _dequant_q4_1, _T.Q5_0: _dequant_q5_0, _T.Q5_1: _dequant_q5_1,
     _T.Q8_0: _dequant_q8_0, _T.Q2_K: _dequant_q2_k, _T.Q3_K: _dequant_q3_k, _T.Q4_K: _dequant_q4_k,
-    _T.Q5_K: _dequant_q5_k, _T.Q6_K: _dequant_q6_k,
+    _T.Q5_K: _dequant_q5_k, _T.Q6_K: _dequant_q6_k, _T.IQ4_NL: _dequant_iq4_nl, _T.IQ4_XS: _dequant_iq4_xs,
 }
 
 _SLAB_VALUES = 1 << 20  # values per slab: bounds the temporaries of one step

@@ -1,0 +1,308 @@
+// IQ4_NL and IQ4_XS: 4-bit indices into one fixed non-linear table of 16 int8 values
+// (kValues, ggml-common.h kvalues_iq4nl), nibbles packed as in Q4_0: qs[j] low nibble is element
+// j of a group of 32, high nibble element j + 16.
+// IQ4_NL: blocks of 32, value = d * kValues[i], dotted with Q8_0 activations.
+// IQ4_XS: super-blocks of 256 in 8 sub-blocks of 32, each with a 6-bit scale ls_j (low 4 bits:
+// nibble j of scales_l, top 2 bits: bits 2j..2j+1 of scales_h): value = d (ls_j - 32) kValues[i],
+// dotted with Q8_K activations: sum = dy d sum_j (ls_j - 32) sum(kValues[i] qy).
+// The SIMD kernels take the values either signed (the AVX2 dot products, with the sign moved
+// onto the activations) or as unsigned bytes kValues[i] + 128 with the zero point 128 taken off
+// the integer sums (vpdpbusd); both give the same exact integer sums.
+#include <cmath>
+
+#include "core/fp16.h"
+#include "core/kernels.h"
+#include "quants/exact_fp.h"
+#include "quants/k_scales.h"
+#include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx512_panel.h"
+#include "quants/x86/avx2_k_tile.h"
+#include "quants/x86/avx2_simd.h"
+#include "quants/x86/avx2_tile.h"
+
+namespace ember {
+namespace EMBER_ISA_NS {
+
+namespace {
+
+alignas(16) constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+alignas(16) constexpr uint8_t kUnsignedValues[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+// The 8 sub-block scales of an IQ4_XS super-block, bias removed (-32..31).
+inline void iq4_xs_scales(const block_iq4_xs& x, int scales[8]) {
+  uint32_t low;
+  std::memcpy(&low, x.scales_l, 4);
+  for (int j = 0; j < 8; ++j) scales[j] = static_cast<int>(((low >> 4 * j) & 0xF) | ((x.scales_h >> 2 * j) & 3) << 4) - 32;
+}
+
+void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
+  const block_iq4_nl* x = static_cast<const block_iq4_nl*>(src);
+  for (int64_t b = 0; b < n / QK4_NL; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int j = 0; j < QK4_NL / 2; ++j) {
+      dst[b * QK4_NL + j] = d * kValues[x[b].qs[j] & 0x0F];
+      dst[b * QK4_NL + j + QK4_NL / 2] = d * kValues[x[b].qs[j] >> 4];
+    }
+  }
+}
+
+void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n) {
+  const block_iq4_xs* x = static_cast<const block_iq4_xs*>(src);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    int scales[8];
+    iq4_xs_scales(x[b], scales);
+    float* out = dst + b * QK_K;
+    for (int s = 0; s < 8; ++s) {
+      const float dl = d * scales[s];
+      const uint8_t* qs = x[b].qs + 16 * s;
+      for (int j = 0; j < 16; ++j) {
+        out[32 * s + j] = dl * kValues[qs[j] & 0x0F];
+        out[32 * s + j + 16] = dl * kValues[qs[j] >> 4];
+      }
+    }
+  }
+}
+
+void vec_dot_iq4_nl_q8_0(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_iq4_nl* x = static_cast<const block_iq4_nl*>(vx);
+  const block_q8_0* y = static_cast<const block_q8_0*>(vy);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / QK4_NL; ++b) {
+    int isum = 0;
+    for (int j = 0; j < QK4_NL / 2; ++j) {
+      isum += kValues[x[b].qs[j] & 0x0F] * y[b].qs[j];
+      isum += kValues[x[b].qs[j] >> 4] * y[b].qs[j + QK4_NL / 2];
+    }
+    sum += isum * fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+  }
+  *out = sum;
+}
+
+void vec_dot_iq4_xs_q8_k(int64_t n, float* out, const void* vx, const void* vy) {
+  const block_iq4_xs* x = static_cast<const block_iq4_xs*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    int scales[8];
+    iq4_xs_scales(x[b], scales);
+    int scaled = 0;
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* qs = x[b].qs + 16 * s;
+      const int8_t* qy = y[b].qs + 32 * s;
+      int dot = 0;
+      for (int j = 0; j < 16; ++j) dot += kValues[qs[j] & 0x0F] * qy[j] + kValues[qs[j] >> 4] * qy[j + 16];
+      scaled += scales[s] * dot;
+    }
+    sum += y[b].d * fp16_to_fp32(x[b].d) * scaled;
+  }
+  *out = sum;
+}
+
+EMBER_EXACT_FP_BEGIN
+
+// ggml's best_index_int8 over kValues: the index of the table value nearest to x (the lower one
+// on a tie), by bisection.
+inline int nearest_value(float x) {
+  if (x <= kValues[0]) return 0;
+  if (x >= kValues[15]) return 15;
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < kValues[mid]) hi = mid;
+    else lo = mid;
+  }
+  return x - kValues[hi - 1] < kValues[hi] - x ? hi - 1 : hi;
+}
+
+// The scale of a group of 32 values, as ggml's quantize_row_iq4_nl_impl chooses it without
+// importance weights (what llama-quantize does when it has no imatrix): weights x^2, the start
+// scale max / -127 (the largest magnitude on the table's most negative value), refined by least
+// squares over the levels it gives, then 15 more starts (itry - 127) / max, itry = -7..7, each
+// kept if its least-squares fit is better. 0 for a group whose largest magnitude is below
+// kGroupMaxEps.
+float group_scale(const float* x) {
+  constexpr int kTries = 7;
+  float weight[32];
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    weight[j] = x[j] * x[j];
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) amax = ax, max = x[j];
+  }
+  if (amax < kGroupMaxEps) return 0.0f;
+  auto fit = [&](float id, float& sumqx, float& sumq2) {
+    sumqx = sumq2 = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float q = kValues[nearest_value(id * x[j])];
+      sumqx += weight[j] * q * x[j];
+      sumq2 += weight[j] * q * q;
+    }
+  };
+  float sumqx, sumq2;
+  fit(1 / (-max / kValues[0]), sumqx, sumq2);
+  float d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+  float best = d * sumqx;
+  for (int itry = -kTries; itry <= kTries; ++itry) {
+    fit((itry + kValues[0]) / max, sumqx, sumq2);
+    if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+      d = sumqx / sumq2;
+      best = d * sumqx;
+    }
+  }
+  return d;
+}
+
+// Group g of 32 levels into 16 bytes: level j in the low nibble, level j + 16 in the high one.
+inline void pack_levels(const uint8_t L[32], uint8_t qs[16]) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>(L[j] | L[j + 16] << 4);
+}
+
+// ggml's quantize_iq4_nl without importance weights: each block's scale from group_scale,
+// stored as f16; the levels from the unrounded scale.
+void quantize_row_iq4_nl(const float* src, void* dst, int64_t n) {
+  block_iq4_nl* y = static_cast<block_iq4_nl*>(dst);
+  for (int64_t b = 0; b < n / QK4_NL; ++b) {
+    const float* x = src + b * QK4_NL;
+    const float d = group_scale(x);
+    y[b].d = fp32_to_fp16(d);
+    const float id = d != 0.0f ? 1 / d : 0.0f;
+    uint8_t L[32];
+    for (int j = 0; j < 32; ++j) L[j] = static_cast<uint8_t>(nearest_value(id * x[j]));
+    pack_levels(L, y[b].qs);
+  }
+}
+
+// ggml's quantize_iq4_xs without importance weights: the 8 sub-block scales from group_scale,
+// then d = -(the scale of largest magnitude) / 32, each sub-block's scale rounded to a multiple
+// l of d in -32..31 (stored as l + 32), and its levels from the rounded scale d l (d unrounded).
+void quantize_row_iq4_xs(const float* src, void* dst, int64_t n) {
+  block_iq4_xs* y = static_cast<block_iq4_xs*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    float scales[8];
+    float max_scale = 0.0f, amax_scale = 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      scales[s] = group_scale(x + 32 * s);
+      if (std::fabs(scales[s]) > amax_scale) amax_scale = std::fabs(scales[s]), max_scale = scales[s];
+    }
+    const float d = -max_scale / 32;
+    y[b].d = fp32_to_fp16(d);
+    y[b].scales_h = 0;
+    const float id = d != 0.0f ? 1 / d : 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      const int l = clamp_int(nearest_int(id * scales[s]), -32, 31);
+      const float dl = d * l;
+      const float idl = dl != 0.0f ? 1 / dl : 0.0f;
+      uint8_t L[32];
+      for (int j = 0; j < 32; ++j) L[j] = static_cast<uint8_t>(nearest_value(idl * x[32 * s + j]));
+      pack_levels(L, y[b].qs + 16 * s);
+      const int biased = l + 32;
+      if (s % 2 == 0) y[b].scales_l[s / 2] = static_cast<uint8_t>(biased & 0xF);
+      else y[b].scales_l[s / 2] |= static_cast<uint8_t>((biased & 0xF) << 4);
+      y[b].scales_h |= static_cast<uint16_t>((biased >> 4) << 2 * s);
+    }
+  }
+}
+
+EMBER_EXACT_FP_END
+
+#if defined(__AVX2__)
+// The 32 values of a group of packed nibbles from a 16-entry byte table (in both 128-bit lanes).
+inline __m256i lookup_32(const uint8_t* qs, __m256i table) { return _mm256_shuffle_epi8(table, unpack_nibbles_32(qs)); }
+inline __m256i signed_table() { return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues))); }
+inline __m256i unsigned_table() {
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedValues)));
+}
+
+void dequantize_row_iq4_nl_avx2(const void* src, float* dst, int64_t n) {
+  const block_iq4_nl* x = static_cast<const block_iq4_nl*>(src);
+  const __m256i table = signed_table();
+  for (int64_t b = 0; b < n / QK4_NL; ++b)
+    store_block_f32_32(lookup_32(x[b].qs, table), _mm256_set1_ps(fp16_to_fp32(x[b].d)), _mm256_set1_ps(-0.0f),
+                       dst + b * QK4_NL);
+}
+
+// avx2_tile.h's and avx512_panel.h's traits: signed values for the AVX2 dot products (as Q8_0's),
+// unsigned ones with zero point 128 for vpdpbusd.
+struct IQ4NLTile {
+  using BX = block_iq4_nl;
+  using BY = block_q8_0;
+  static constexpr bool kOffset = false;
+  static constexpr int kZeroShift = 7;  // unsigned as value + 128
+  static __m256i unpack(const BX& b) { return lookup_32(b.qs, signed_table()); }
+  static __m256i unpack_unsigned(const BX& b) { return lookup_32(b.qs, unsigned_table()); }
+  static __m256i y_sums(__m256i qy) { return qy; }
+  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_i8_i8_f32(qx, qy); }
+#if defined(EMBER_HAS_PANELS)
+  // Nibbles (one per byte, 0..15) to unsigned values, for unpack_transposed_16.
+  static __m512i values_512(__m512i nibbles) {
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedValues)));
+    return _mm512_shuffle_epi8(table, nibbles);
+  }
+#endif
+};
+
+// avx2_k_tile.h's and avx512_k_panel.h's traits. sums: per sub-block, the signed values times
+// the activations (sign moved onto them: |value| <= 127 and |qy| <= 127, so the byte-pair sums
+// fit in int16), times the scale, summed in int32 lanes.
+struct IQ4XSTile {
+  using BX = block_iq4_xs;
+  using BY = block_q8_K;
+  static constexpr int kSub = 32, kZeroShift = 7;  // unsigned as value + 128
+  static constexpr bool kMins = false;
+  static void quants(const BX& x, __m256i q[8]) {
+    const __m256i table = unsigned_table();
+    for (int s = 0; s < 8; ++s) q[s] = lookup_32(x.qs + 16 * s, table);
+  }
+  static void scales(const BX& x, int32_t sc[16], int32_t*) {
+    int s[8];
+    iq4_xs_scales(x, s);
+    for (int j = 0; j < 8; ++j) sc[j] = s[j];
+  }
+  static float d(const BX& x) { return fp16_to_fp32(x.d); }
+  static float dmin(const BX&) { return 0.0f; }
+  template <int C>
+  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
+    int sc[8];
+    iq4_xs_scales(x, sc);
+    const __m256i table = signed_table();
+    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i q = lookup_32(x.qs + 16 * s, table);
+      const __m256i magnitude = _mm256_sign_epi8(q, q);
+      const __m256i scale = _mm256_set1_epi16(static_cast<short>(sc[s]));
+      for (int c = 0; c < C; ++c) {
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 32 * s));
+        sumi[c] = madd_acc_i16(sumi[c], _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(qy, q)), scale);
+      }
+    }
+  }
+};
+#endif
+
+}  // namespace
+
+void register_iq4(KernelTable& t) {
+  TypeKernels& nl = t.types[static_cast<int>(GGMLType::IQ4_NL)];
+  TypeKernels& xs = t.types[static_cast<int>(GGMLType::IQ4_XS)];
+  nl = {GGMLType::Q8_0, dequantize_row_iq4_nl, quantize_row_iq4_nl, vec_dot_iq4_nl_q8_0};
+  xs = {GGMLType::Q8_K, dequantize_row_iq4_xs, quantize_row_iq4_xs, vec_dot_iq4_xs_q8_k};
+#if defined(__AVX2__)
+  nl.dequantize_row = dequantize_row_iq4_nl_avx2;
+  nl.vec_dot = vec_dot_tile<IQ4NLTile>;
+  nl.gemm_tile = gemm_tile<IQ4NLTile>;
+  xs.dequantize_row = dequantize_row_k<IQ4XSTile>;
+  xs.vec_dot = vec_dot_k_tile<IQ4XSTile>;
+  xs.gemm_tile = gemm_tile_k<IQ4XSTile>;
+#endif
+#if defined(EMBER_HAS_PANELS)
+  use_avx512_kernels<IQ4NLTile>(nl);
+#endif
+#if defined(EMBER_HAS_K_PANELS)
+  xs.gemm_panel = k_panel_kernel_for<IQ4XSTile>();
+#endif
+}
+
+}  // namespace EMBER_ISA_NS
+}  // namespace ember
