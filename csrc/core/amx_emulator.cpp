@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace ember {
 
@@ -229,16 +230,22 @@ void on_sigill(int, siginfo_t*, void* context) {
 
 }  // namespace
 
+std::atomic<bool> amx_emulating{false};
+
 bool install_amx_emulator() {
-  static const bool installed = [] {
-    struct sigaction sa;
-    std::memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigill;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    return sigaction(SIGILL, &sa, &g_previous) == 0;
-  }();
-  return installed;
+  static std::mutex installing;  // two threads must not both save the other's handler as previous
+  std::lock_guard<std::mutex> lock(installing);
+  struct sigaction current;
+  if (sigaction(SIGILL, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigill) return true;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigill;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGILL, &sa, &g_previous) != 0) return false;
+  amx_emulating.store(true, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace ember
@@ -246,6 +253,7 @@ bool install_amx_emulator() {
 #else
 
 namespace ember {
+std::atomic<bool> amx_emulating{false};
 bool install_amx_emulator() { return false; }
 }  // namespace ember
 

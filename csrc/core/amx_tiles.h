@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/amx_emulator.h"
+
 namespace ember {
 
 // Palette 1: tile t has rows[t] rows of colsb[t] bytes (at most 16 x 64); unused tiles are 0.
@@ -26,7 +28,10 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "TileConfig is ldtilecfg's 64-byte operand");
 
-inline void tile_load_config(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" : : "m"(c) : "memory"); }
+inline void tile_load_config(const TileConfig& c) {
+  if (amx_emulating.load(std::memory_order_relaxed)) install_amx_emulator();
+  __asm__ volatile("ldtilecfg %0" : : "m"(c) : "memory");
+}
 inline void tile_release() { __asm__ volatile("tilerelease" : : : "memory"); }
 
 template <int T>

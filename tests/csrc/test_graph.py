@@ -565,6 +565,29 @@ def test_the_amx_emulator_passes_other_illegal_instructions_on():
     assert "Fatal Python error: Illegal instruction" in result.stderr
 
 
+@pytest.mark.skipif("amx" not in ISAS, reason="no AMX tiles here, native or emulated")
+def test_the_amx_tiles_work_after_a_fault_handler_is_installed_over_ember():
+    """Python's faulthandler (pytest enables it after ember is imported) takes SIGILL from the
+    AMX emulator's handler; the tiles must still reach the emulator (natively: just run)."""
+    code = """if True:
+        import faulthandler
+        import numpy as np
+        from ember import _core
+        assert "amx" in _core.available_isas()  # the emulator, where it is used, is in place now
+        faulthandler.enable()
+        rng = np.random.default_rng(0)
+        a = rng.integers(0, 256, (16, 64), dtype=np.uint8)
+        b = rng.integers(0, 256, (16, 64), dtype=np.uint8)
+        c = np.zeros((16, 16), np.int32)
+        expected = np.einsum("mki,kni->mn", a.astype(np.int64).reshape(16, 16, 4),
+                             b.view(np.int8).astype(np.int64).reshape(16, 16, 4))
+        print(np.array_equal(_core.tile_dot_product("u", "s", a, b, c), expected))
+    """
+    result = python_with("", code)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stdout.split() == ["True"]
+
+
 def test_available_isas_start_with_scalar_and_include_the_default():
     assert ISAS[0] == "scalar"
     assert python_with("", "from ember import _core; print(_core.isa())").stdout.strip() in ISAS
