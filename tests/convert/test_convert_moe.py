@@ -126,3 +126,36 @@ def test_expert_keys(name, converted):
         assert field(reader, f"{arch}.expert_feed_forward_length") == config.moe_intermediate_size
     if name == "qwen2moe":
         assert field(reader, f"{arch}.expert_shared_feed_forward_length") == config.shared_expert_intermediate_size
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_stacked_experts_convert_to_the_same_tensors(name, converted, tmp_path):
+    """The experts as transformers >= 5 holds them in memory (one gate_up_proj [experts, 2 * rows,
+    hidden] and one down_proj per layer), saved as they are: the file of the one-matrix-per-expert
+    checkpoint, tensor for tensor."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    hf_dir, reader, _ = converted[name]
+    stacked = tmp_path / "hf"
+    stacked.mkdir()
+    shutil.copy(hf_dir / "config.json", stacked)
+    state = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).state_dict()
+    assert any(k.endswith("experts.gate_up_proj") for k in state)
+    save_file({k: t.contiguous() for k, t in state.items()}, str(stacked / "model.safetensors"))
+    ours = {t.name: t for t in gguf.GGUFReader(convert(stacked, tmp_path / "stacked.gguf", "f32")).tensors}
+    theirs = {t.name: t for t in reader.tensors}
+    assert set(ours) == set(theirs)
+    for tensor_name, t in theirs.items():
+        assert list(ours[tensor_name].shape) == list(t.shape)
+        np.testing.assert_array_equal(np.asarray(ours[tensor_name].data), np.asarray(t.data))
+
+
+def test_a_stacked_expert_tensor_of_the_wrong_rank_is_an_error():
+    from ember.errors import EmberError
+    from ember.models.hf import stacked_experts
+
+    with pytest.raises(EmberError, match="gate_up_proj has shape"):
+        stacked_experts("model.layers.0.mlp.experts.gate_up_proj", (4, 63, 64))
+    assert stacked_experts("model.layers.0.mlp.experts.0.up_proj.weight", (32, 64)) is None

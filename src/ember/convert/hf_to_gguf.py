@@ -1,7 +1,8 @@
 """`ember convert HF_DIR OUT.gguf --outtype f32|f16|bf16|q8_0`: a Hugging Face safetensors model
 (of a class an architecture in ember.models converts: LlamaForCausalLM, Olmo2ForCausalLM, ...) to a GGUF file with
 the metadata keys and tensor names llama.cpp uses, so ember and llama.cpp both run it. Mixtures of experts:
-the checkpoint's one tensor per expert become one 3-D tensor per layer and projection (ffn_*_exps).
+the checkpoint's one tensor per expert, or its stacked experts as transformers >= 5 holds them
+(gate_up_proj, down_proj), become one 3-D tensor per layer and projection (ffn_*_exps).
 
 Tensor types follow llama.cpp's converter: 1-D tensors, norms and GPT-2's position embedding
 stay F32; every other weight gets the output type, except Q8_0 rows whose length is not a

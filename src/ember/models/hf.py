@@ -55,6 +55,10 @@ EXPERT = re.compile(r"^(?:model\.)?layers\.(\d+)\.(?:block_sparse_moe|mlp)\.expe
                     r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 EXPERT_TENSORS = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
                   "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+# ... or all of a layer's experts in one 3-D tensor, as transformers >= 5 holds them: gate and up
+# projections together ([experts, 2 * expert rows, hidden], gate rows first), and the down ones
+STACKED_EXPERTS = re.compile(r"^(?:model\.)?layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\."
+                             r"(gate_up_proj|down_proj)(?:\.weight)?$")
 DECODER_GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -170,8 +174,9 @@ class DecoderConverter:
         raise EmberError(f"cannot map tensor {hf_name} to a {self.arch} GGUF tensor")
 
     def split(self, hf_name: str, shape: tuple[int, ...]) -> list | None:
-        """The GGUF tensors a checkpoint tensor becomes, where it becomes several; else None."""
-        return None
+        """The GGUF tensors a checkpoint tensor becomes, where it becomes several (or is renamed
+        whole, as a layer's stacked experts are); else None."""
+        return stacked_experts(hf_name, shape)
 
     def expert(self, hf_name: str) -> tuple[str, int] | None:
         """(GGUF tensor, expert index) of one expert's matrix, stacked with the others; else None."""
@@ -199,6 +204,24 @@ class DecoderConverter:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+def stacked_experts(hf_name: str, shape: tuple[int, ...]) -> list | None:
+    """A layer's stacked expert tensor as the GGUF expert tensors (numpy order [expert, rows, row
+    length]): gate_up_proj split into ffn_gate_exps and ffn_up_exps, down_proj as ffn_down_exps;
+    None for any other tensor."""
+    match = STACKED_EXPERTS.match(hf_name)
+    if match is None:
+        return None
+    layer, kind = match.groups()
+    if len(shape) != 3 or (kind == "gate_up_proj" and shape[1] % 2):
+        raise EmberError(f"{hf_name} has shape {list(shape)}, not [experts, {'2 * ' if kind == 'gate_up_proj' else ''}"
+                         "rows, row length]")
+    if kind == "down_proj":
+        return [(f"blk.{layer}.ffn_down_exps.weight", lambda v: v, tuple(shape))]
+    n_expert, rows, width = shape[0], shape[1] // 2, shape[2]
+    return [(f"blk.{layer}.ffn_gate_exps.weight", lambda v: v[:, :rows, :], (n_expert, rows, width)),
+            (f"blk.{layer}.ffn_up_exps.weight", lambda v: v[:, rows:, :], (n_expert, rows, width))]
+
 
 def rope_parameters(config: dict) -> dict:
     """transformers >= 5 `rope_parameters` (maybe per layer type), or the older rope_scaling + rope_theta."""
