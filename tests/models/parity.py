@@ -91,10 +91,13 @@ def register_f16_kv_attention(model, implementation: str = "sdpa") -> None:
 
 def randomize(model, norm_offset: float = 1.0) -> None:
     """Every parameter random: weights and biases N(0, s^2); norm scales norm_offset + N(0, s^2)
-    (Gemma stores the offset from 1: norm_offset 0); s = WEIGHT_STD."""
+    (Gemma stores the offset from 1: norm_offset 0); s = WEIGHT_STD. So is every floating-point
+    buffer the checkpoint stores (DeepSeek-V3's e_score_correction_bias, zero at init): N(0, s^2)."""
     generator = torch.Generator().manual_seed(1234)
+    stored = model.state_dict().keys()
+    buffers = [(name, b) for name, b in model.named_buffers() if name in stored and b.is_floating_point()]
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in [*model.named_parameters(), *buffers]:
             param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)
             is_norm = "norm" in name or ".ln_" in name
             if is_norm and name.endswith("weight"):
@@ -127,8 +130,9 @@ def assert_quantized_close(logits: np.ndarray, reference: np.ndarray, experts: b
         assert same_top1.all()
 
 
-def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, attention: str = "sdpa") -> np.ndarray:
-    """transformers' logits (float64, F16 K/V) on the weights a quantized file holds: every
+def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, case: type) -> np.ndarray:
+    """transformers' logits (float64, what ember caches rounded to F16 as `case.f16_cache` rounds
+    it: K and V, or DeepSeek's latents) on the weights a quantized file holds: every
     quantized tensor, dequantized by the gguf package, put back into the Hugging Face model where
     the converter took it from (undoing its row permutation or transposition)."""
     import json
@@ -165,9 +169,9 @@ def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, att
                 where = part(np.arange(param.numel(), dtype=np.float64).reshape(param.shape))
                 values[where.reshape(-1).astype(np.int64)] = gguf.dequantize(t.data, t.tensor_type).reshape(-1)
             param.copy_(torch.from_numpy(values.reshape(param.shape)))
-        register_f16_kv_attention(model, attention)
-        model.set_attn_implementation(F16_KV)
-        return model(torch.tensor(tokens)[None]).logits[0].numpy()
+        model.set_attn_implementation(case.attention)
+        with case.f16_cache(model):
+            return model(torch.tensor(tokens)[None]).logits[0].numpy()
 
 
 # transformers' stacked experts (a layer's gate and up projections together, and the down ones)
@@ -264,7 +268,7 @@ class TransformersParity:
         else:
             path = tmp_path / "q4_k_m.gguf"
             quantize_file(model.gguf.path, path, kind, n_threads=2)
-        reference = dequantized_reference(hf_dir, path, tokens, self.attention)
+        reference = dequantized_reference(hf_dir, path, tokens, type(self))
         for activations in ("int8", "f32") if self.mixture_of_experts else ("int8",):
             quantized = Model(path, n_ctx=64, n_threads=2, activations=activations)
             try:

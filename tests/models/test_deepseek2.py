@@ -1,11 +1,16 @@
 """DeepSeek-V2/V3 (deepseek2) against transformers: multi-head latent attention with plain Q (Lite)
 and low-rank Q, YaRN with DeepSeek's mscale, dense layers; the file as llama.cpp's converter
-writes it (attn_k_b / attn_v_b) and the older attn_kv_b form.
+writes it (attn_k_b / attn_v_b) and the older attn_kv_b form. Mixtures of experts after a leading
+dense layer, with shared experts: V2's softmax routing (greedy, and group-limited with groups
+scored by their best expert) and V3's sigmoid routing with the score-correction bias
+(e_score_correction_bias, random like every weight), groups scored by their two best experts,
+normalised and scaled weights; the checkpoint's experts one matrix each or stacked.
 
 ember caches the latent c and the rotary key k_pe in F16 (not per-head K and V), so the
 reference rounds those two to F16 where transformers computes them."""
 
 import contextlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +20,7 @@ from parity import RTOL, TransformersParity, relative_error
 from ember.convert import convert
 from ember.engine.runtime import Model
 from ember.gguf import GGUFWriter, open_gguf
+from ember.models.deepseek2 import Converter
 
 # transformers' DeepSeek keeps head_dim = qk_rope_head_dim and uses num_key_value_heads = heads
 SHAPE = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 3,
@@ -41,6 +47,26 @@ class TestDeepseekV2(TransformersParity):
             yield
 
 
+# 16 routed experts in 4 groups, 4 per token, after one dense layer
+MOE = {**SHAPE, "first_k_dense_replace": 1, "n_routed_experts": 16, "num_experts_per_tok": 4,
+       "moe_intermediate_size": 32}
+
+
+class TestDeepseekV2Moe(TestDeepseekV2):
+    mixture_of_experts = True
+    configs = {
+        # Lite: plain Q, greedy top 4 of the softmax, two shared experts, weights unscaled
+        "v2-lite-moe": lambda: transformers.DeepseekV2Config(
+            q_lora_rank=None, tie_word_embeddings=True, n_shared_experts=2, topk_method="greedy", n_group=1,
+            topk_group=1, scoring_func="softmax", **MOE),
+        # V2: low-rank Q, YaRN, the best 2 of 4 groups (each scored by its best expert), weights scaled
+        "v2-moe-groups": lambda: transformers.DeepseekV2Config(
+            q_lora_rank=48, rope_parameters=YARN, tie_word_embeddings=False, n_shared_experts=1,
+            topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=2.0,
+            scoring_func="softmax", **MOE),
+    }
+
+
 class TestDeepseekV3(TestDeepseekV2):
     model_class = "DeepseekV3ForCausalLM"
     configs = {
@@ -53,6 +79,86 @@ class TestDeepseekV3(TestDeepseekV2):
     def f16_cache(cls, model):
         with latents_in_f16(model, "apply_rotary_pos_emb_interleave"):
             yield
+
+
+class TestDeepseekV3Moe(TestDeepseekV3):
+    mixture_of_experts = True
+    configs = {
+        # V3: sigmoid scores plus the correction bias choose among the best 2 of 4 groups (each scored
+        # by its two best experts); weights normalised and scaled by 2.5; one shared expert
+        "v3-moe": lambda: transformers.DeepseekV3Config(
+            q_lora_rank=48, rope_parameters=YARN, tie_word_embeddings=False, n_shared_experts=1, n_group=4,
+            topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid",
+            topk_method="noaux_tc", **MOE),
+    }
+
+    def test_the_score_correction_bias_changes_the_choice(self, tiny, tmp_path):
+        """Without exp_probs_b (zeros in its place) ember's logits leave the reference's bound: the
+        bias the checkpoint holds is random, and the parity above depends on it."""
+        from parity import rewritten
+
+        model, reference, _, tokens = tiny
+        biases = {name: np.zeros(t.shape, np.float32) for name, t in model.gguf.tensors.items()
+                  if name.endswith("exp_probs_b.bias")}
+        assert len(biases) == SHAPE["num_hidden_layers"] - 1
+        assert all(np.abs(np.asarray(model.gguf.tensors[name].data).view(np.float32)).max() > 0.01 for name in biases)
+        unbiased = Model(rewritten(model.gguf.path, tmp_path / "unbiased.gguf", tensors=biases), n_ctx=64)
+        try:
+            assert relative_error(unbiased.eval(tokens.tolist(), logits="all"), reference) > 10 * RTOL
+        finally:
+            unbiased.close()
+
+
+    def test_stacked_experts_convert_to_the_same_file(self, tiny, tmp_path):
+        """A checkpoint holding each layer's experts as transformers >= 5 does in memory (gate_up_proj
+        [experts, 2 * rows, hidden] and down_proj) converts to the tensors of the one-matrix-per-expert
+        checkpoint save_pretrained writes."""
+        import shutil
+
+        import torch
+        from safetensors.torch import save_file
+
+        hf_dir = Path(tiny[0].gguf.path).parent / "hf"
+        stacked = tmp_path / "stacked"
+        stacked.mkdir()
+        shutil.copy(hf_dir / "config.json", stacked)
+        state = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).state_dict()
+        assert "model.layers.1.mlp.experts.gate_up_proj" in state
+        save_file({name: t.contiguous() for name, t in state.items()}, str(stacked / "model.safetensors"))
+        ours, theirs = open_gguf(convert(stacked, tmp_path / "stacked.gguf", "f32")), open_gguf(tiny[0].gguf.path)
+        assert set(ours.tensors) == set(theirs.tensors)
+        for name, t in theirs.tensors.items():
+            assert ours.tensors[name].shape == t.shape and np.array_equal(ours.tensors[name].data, t.data), name
+
+
+def test_the_converter_writes_llama_cpps_expert_keys(tmp_path):
+    meta = Converter(TestDeepseekV3Moe.configs["v3-moe"]().to_dict()).metadata()
+    expected = {"expert_count": 16, "expert_used_count": 4, "expert_shared_count": 1, "expert_feed_forward_length": 32,
+                "leading_dense_block_count": 1, "expert_group_count": 4, "expert_group_used_count": 2,
+                "expert_gating_func": 2, "expert_weights_scale": 2.5, "expert_weights_norm": True}
+    assert {k: meta[f"deepseek2.{k}"] for k in expected} == expected
+
+
+def test_v3_routes_by_sigmoid_where_its_config_names_no_scoring_function():
+    config = TestDeepseekV3Moe.configs["v3-moe"]().to_dict() | {"architectures": ["DeepseekV3ForCausalLM"]}
+    del config["scoring_func"]
+    assert Converter(config).metadata()["deepseek2.expert_gating_func"] == 2
+    config["architectures"] = ["DeepseekV2ForCausalLM"]  # V2 files name none: llama.cpp reads softmax
+    assert "deepseek2.expert_gating_func" not in Converter(config).metadata()
+
+
+def test_greedy_v2_routing_uses_every_group():
+    """topk_method "greedy" ignores n_group / topk_group; the file says all groups are usable."""
+    config = TestDeepseekV2Moe.configs["v2-moe-groups"]().to_dict() | {"topk_method": "greedy"}
+    meta = Converter(config).metadata()
+    assert meta["deepseek2.expert_group_count"] == meta["deepseek2.expert_group_used_count"] == 4
+
+
+def test_multi_token_prediction_layers_are_left_out():
+    converter = Converter(TestDeepseekV3Moe.configs["v3-moe"]().to_dict())
+    assert converter.gguf_name("model.layers.3.eh_proj.weight") is None
+    assert converter.expert("model.layers.3.mlp.experts.0.up_proj.weight") is None
+    assert converter.gguf_name("model.layers.2.mlp.gate.e_score_correction_bias") == "blk.2.exp_probs_b.bias"
 
 
 @contextlib.contextmanager

@@ -1,22 +1,32 @@
 """DeepSeek-V2, V2-Lite, V3 and R1 (`deepseek2` in GGUF): pre-norm decoder with multi-head latent
-attention (models/mla.py) and SwiGLU MLPs; the first leading_dense_block_count layers are dense,
-the others mixtures of experts with shared experts. The LM head may be tied to the embedding."""
+attention (models/mla.py); the first leading_dense_block_count layers have a SwiGLU MLP, the others
+a mixture of experts with shared experts (models/moe.py). The LM head may be tied to the embedding.
+
+Routing by the file's expert_gating_func: softmax (V2, and files that name none, as llama.cpp
+reads them) or sigmoid with the score-correction bias exp_probs_b (V3). Group-limited selection
+(expert_group_count > 1) keeps the experts of the expert_group_used_count best groups; a group
+scores its best expert under softmax (DeepSeek-V2's group_limited_greedy) and the sum of its two
+best under sigmoid (V3's noaux_tc; llama.cpp scores every deepseek2 file's groups so)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 from ember.errors import EmberError, GGUFError
 from ember.gguf.metadata import int_key
-from ember.models import mla
+from ember.models import mla, moe
 from ember.models.blocks import Builder, HParams
-from ember.models.hf import DECODER_LAYER, LAYER, DecoderConverter, get, require
+from ember.models.hf import DECODER_LAYER, LAYER, MOE_LAYER, DecoderConverter, get, require
 
 HF_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 ARCH = "deepseek2"
 GATING_FUNCS = {"softmax": 1, "sigmoid": 2}  # {arch}.expert_gating_func, llama.cpp's enum
+# V3's score-correction bias, a buffer of the router
+SCORE_BIAS = re.compile(r"^(?:model\.)?layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$")
+LAYER_INDEX = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 def hparams(f) -> HParams:
@@ -28,35 +38,32 @@ def hparams(f) -> HParams:
     if hp.rope_scaling.kind not in ("none", "yarn"):
         raise GGUFError(f"RoPE scaling {hp.rope_scaling.kind!r} is not one DeepSeek uses (none or yarn)")
     hp.mla = mla.mla_params(f, hp)
+    n_dense = int_key(f.metadata, f"{ARCH}.leading_dense_block_count", 0, minimum=0, maximum=hp.n_layer)
+    if n_dense < hp.n_layer:  # llama.cpp's converter writes expert keys for all-dense models too
+        hp.moe = moe.MoEParams.from_gguf(f, hp, norm_weights=False, gating="softmax")
+        hp.moe.group_score = "top2" if hp.moe.gating == "sigmoid" else "max"
     return hp
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
-    return mla.tensor_shapes(hp, hp.mla)
-
-
-def dense_layers(b: Builder) -> int:
-    hp = b.hp
-    return int_key(b.f.metadata, f"{hp.arch}.leading_dense_block_count", 0, minimum=0, maximum=hp.n_layer)
+    shapes = mla.tensor_shapes(hp, hp.mla)
+    return shapes if hp.moe is None else shapes | moe.tensor_shapes(hp)
 
 
 def build(b: Builder) -> int:
     hp, g = b.hp, b.g
-    n_dense = dense_layers(b)
-    if n_dense < hp.n_layer:
-        raise GGUFError(f"layers {n_dense} to {hp.n_layer - 1} of this {hp.arch} file are mixtures of experts "
-                        f"({hp.arch}.leading_dense_block_count is {n_dense}), which ember does not run yet")
     x = g.get_rows(b.weight("token_embd.weight"))
     for il in range(hp.n_layer):
         p = f"blk.{il}"
         x = g.add(x, mla.attention(b, b.rms_norm(x, f"{p}.attn_norm.weight"), p, hp.mla))
-        x = g.add(x, b.gated_mlp(b.rms_norm(x, f"{p}.ffn_norm.weight"), p))
+        x = g.add(x, moe.ffn(b, b.rms_norm(x, f"{p}.ffn_norm.weight"), il))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
     return g.matmul(b.output_weight(), x)
 
 
 HF_LAYER = {
     **DECODER_LAYER,
+    **MOE_LAYER,
     "self_attn.q_a_proj": "attn_q_a",
     "self_attn.q_a_layernorm": "attn_q_a_norm",
     "self_attn.q_b_proj": "attn_q_b",
@@ -79,9 +86,7 @@ class Converter(DecoderConverter):
         self.nope = int(require(c, "qk_nope_head_dim"))
         self.rope_dims = int(require(c, "qk_rope_head_dim"))
         self.value = int(require(c, "v_head_dim"))
-        if get(c, "n_routed_experts") is not None and get(c, "first_k_dense_replace", default=0) < self.n_layer:
-            raise EmberError("DeepSeek mixtures of experts are not converted yet (only models whose layers are all "
-                             "dense: first_k_dense_replace = num_hidden_layers)")
+        self.hf_architecture = (c.get("architectures") or [HF_ARCHITECTURES[0]])[0]
 
     def metadata(self) -> dict[str, Any]:
         c, a = self.config, self.arch
@@ -102,12 +107,6 @@ class Converter(DecoderConverter):
             f"{a}.expert_shared_count": int(get(c, "n_shared_experts", default=0)),
             f"{a}.rope.dimension_count": self.rope_dims,
         })
-        for key, names in (("expert_count", ("n_routed_experts",)), ("expert_used_count", ("num_experts_per_tok",)),
-                           ("expert_group_count", ("n_group",)), ("expert_group_used_count", ("topk_group",))):
-            if get(c, *names) is not None:  # llama.cpp's converter writes them for dense models too
-                meta[f"{a}.{key}"] = int(get(c, *names))
-        if c.get("scoring_func") in GATING_FUNCS:
-            meta[f"{a}.expert_gating_func"] = GATING_FUNCS[c["scoring_func"]]
         if c.get("q_lora_rank") is not None:
             meta[f"{a}.attention.q_lora_rank"] = int(c["q_lora_rank"])
         if c.get("routed_scaling_factor") is not None:
@@ -120,9 +119,42 @@ class Converter(DecoderConverter):
             meta[f"{a}.rope.scaling.yarn_log_multiplier"] = 0.1 * float(rope["mscale_all_dim"])
         return meta
 
-    def split(self, hf_name: str, shape: tuple[int, ...]) -> list | None:
-        if not hf_name.endswith("self_attn.kv_b_proj.weight"):
+    def moe_metadata(self) -> dict[str, Any]:
+        """The expert keys llama.cpp's converter writes (for all-dense models too); V3's sigmoid
+        where a model with experts names no scoring function (transformers' V3 has no other), and
+        every group usable where V2 routes greedily (topk_method "greedy" ignores n_group)."""
+        c, a = self.config, self.arch
+        meta = super().moe_metadata()
+        routed = c.get("n_routed_experts") is not None and get(c, "first_k_dense_replace", default=0) < self.n_layer
+        v3 = self.hf_architecture == "DeepseekV3ForCausalLM"
+        if routed and v3 and get(c, "scoring_func", "score_function") is None:
+            meta[f"{a}.expert_gating_func"] = GATING_FUNCS["sigmoid"]
+        if c.get("topk_method") == "greedy" and f"{a}.expert_group_count" in meta:
+            meta[f"{a}.expert_group_used_count"] = meta[f"{a}.expert_group_count"]
+        return meta
+
+    def beyond_layers(self, hf_name: str) -> bool:
+        """Whether the tensor belongs to a layer past num_hidden_layers (V3's multi-token
+        prediction layers, which llama.cpp's converter leaves out too)."""
+        match = LAYER_INDEX.match(hf_name)
+        return match is not None and int(match.group(1)) >= self.n_layer
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        if self.beyond_layers(hf_name):
             return None
+        match = SCORE_BIAS.match(hf_name)
+        if match is not None:
+            return f"blk.{match.group(1)}.exp_probs_b.bias"
+        return super().gguf_name(hf_name)
+
+    def expert(self, hf_name: str) -> tuple[str, int] | None:
+        return None if self.beyond_layers(hf_name) else super().expert(hf_name)
+
+    def split(self, hf_name: str, shape: tuple[int, ...]) -> list | None:
+        if self.beyond_layers(hf_name):
+            return None
+        if not hf_name.endswith("self_attn.kv_b_proj.weight"):
+            return super().split(hf_name, shape)
         layer = LAYER.match(hf_name.removeprefix("model.")).group(1)
         h, nope, value, rank = self.n_head, self.nope, self.value, self.kv_lora_rank
         if tuple(shape) != (h * (nope + value), rank):
