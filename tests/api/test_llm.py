@@ -403,3 +403,62 @@ def test_a_generation_model_embeds_with_its_default_pooling_and_keeps_generating
             vector = llm.embed("The capital of France is")
         assert len(vector) == 576 and abs(np.linalg.norm(vector) - 1) < 1e-5
         assert llm.generate("The capital of France is", max_tokens=8, temperature=0) == before
+
+
+# -- reranking ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reranker_llm():
+    from encoder_models import tiny_reranker_gguf
+
+    with ember.LLM(tiny_reranker_gguf(), n_threads=2) as llm:
+        yield llm
+
+
+DOCUMENTS = ["Berlin has 3.5 million inhabitants.", "Paris is the capital of France.", "Bread is baked.",
+             "Berlin"]
+
+
+@pytest.mark.model
+def test_rerank_gives_llama_servers_results_best_first(reranker_llm):
+    from ember.engine.rerank import Reranker
+
+    alone = [Reranker(reranker_llm.embedder).score("people in Berlin", [d])[0].score for d in DOCUMENTS]
+    results = reranker_llm.rerank("people in Berlin", DOCUMENTS)
+    assert [r["index"] for r in results] == list(np.argsort(alone, kind="stable")[::-1])
+    np.testing.assert_allclose([r["relevance_score"] for r in results], sorted(alone, reverse=True), atol=1e-5)
+    assert len(set(alone)) == len(alone)  # scores apart: the order is the scores'
+    assert [r["index"] for r in reranker_llm.rerank("people in Berlin", DOCUMENTS, top_n=2)] == [
+        r["index"] for r in results[:2]]
+
+
+@pytest.mark.model
+def test_create_rerank_is_llama_servers_response(reranker_llm):
+    response = reranker_llm.create_rerank("people in Berlin", DOCUMENTS, top_n=3, return_documents=True)
+    assert response["object"] == "list" and response["model"] == reranker_llm.name
+    pair_tokens = [len(reranker_llm.reranker.pair("people in Berlin", d)[0]) for d in DOCUMENTS]
+    assert response["usage"] == {"prompt_tokens": sum(pair_tokens), "total_tokens": sum(pair_tokens)}
+    assert len(response["results"]) == 3
+    assert all(r["document"] == {"text": DOCUMENTS[r["index"]]} for r in response["results"])
+
+
+@pytest.mark.model
+def test_a_reranker_neither_embeds_nor_generates(reranker_llm):
+    with pytest.raises(EmberError, match="is a reranker.*rerank"):
+        reranker_llm.embed("Hello")
+    with pytest.raises(EmberError, match="is a reranker .*use rerank"):
+        reranker_llm.generate("Hello")
+
+
+@pytest.mark.model
+def test_a_model_without_a_classification_head_does_not_rerank(minilm_llm):
+    with pytest.raises(EmberError, match="is not a reranker"):
+        minilm_llm.rerank("a", ["b"])
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("query, documents, top_n", [(1, ["b"], None), ("a", "b", None), ("a", ["b", 2], None),
+                                                     ("a", ["b"], -1), ("a", [], None)])
+def test_bad_rerank_arguments_are_errors(reranker_llm, query, documents, top_n):
+    with pytest.raises(EmberError):
+        reranker_llm.rerank(query, documents, top_n=top_n)

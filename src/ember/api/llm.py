@@ -8,7 +8,8 @@
 
 `create_completion` and `create_chat_completion` return OpenAI-shaped dicts (or iterators of
 chunks with stream=True); `embed` and `create_embedding` the embeddings of texts (an encoder such
-as BERT, or a generation model's pooled hidden states). An LLM holds one KV-cache sequence: a request that shares a prefix
+as BERT, or a generation model's pooled hidden states); `rerank` and `create_rerank` a
+cross-encoder's relevance scores of documents to a query. An LLM holds one KV-cache sequence: a request that shares a prefix
 with the previous one (a chat history) only evaluates what is new. It is not thread-safe:
 start a request only once the previous one is finished (a newer request ends an unfinished
 stream).
@@ -22,9 +23,10 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ember.api.openai_format import ENCODING_FORMATS, ResponseFormat, embedding_response, usage
+from ember.api.openai_format import ENCODING_FORMATS, ResponseFormat, embedding_response, rerank_response, usage
 from ember.api.reasoning import check_format, prompt_opens_thoughts
 from ember.engine.embed import Embedder, Embedding
+from ember.engine.rerank import Reranker, ranked
 from ember.engine.runtime import Model
 from ember.api.tool_calls import ChatTools, ToolError, ToolRequest, ToolStyle, tool_style
 from ember.engine.constraints import Grammar, grammar_from_request
@@ -106,6 +108,7 @@ class LLM:
         self._seeds = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
         self._cache = SequenceCache(model)
         self._embedder: Embedder | None = None
+        self._reranker: Reranker | None = None
         self._pooling: str | None = None
 
     # -- properties --------------------------------------------------------------------------
@@ -217,8 +220,9 @@ class LLM:
         UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text;
         lookup: prompt-lookup decoding for this request (True, False or a `Lookup`; None: the LLM's)."""
         if getattr(self.model, "is_encoder", False):
-            raise EmberError(f"{self.name} is an embedding model ({self.model.hp.arch}); it cannot generate "
-                             "text: use embed() or create_embedding()")
+            kind, use = (("a reranker", "rerank() or create_rerank()") if getattr(self.model, "ranks", False)
+                         else ("an embedding model", "embed() or create_embedding()"))
+            raise EmberError(f"{self.name} is {kind} ({self.model.hp.arch}); it cannot generate text: use {use}")
         tokens = self.prompt_tokens(_text(prompt)) if isinstance(prompt, (str, bytes)) else prompt
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
@@ -358,6 +362,9 @@ class LLM:
         """The pooled, normalised embedding of each input (a text or token ids), with its token count."""
         inputs = _embedding_inputs(input)
         embedder = self.embedder
+        if embedder.pooling == "rank":
+            raise EmberError(f"{self.name} is a reranker: it scores documents against a query (rerank), "
+                             "it does not embed texts")
         return embedder.embed_tokens([embedder.tokenize(_text(x), truncate) if isinstance(x, (str, bytes))
                                       else list(x) for x in inputs])
 
@@ -390,6 +397,38 @@ class LLM:
         found = self.embeddings(input)
         return embedding_response([e.vector for e in found], model or self.name, sum(e.n_tokens for e in found),
                                   encoding_format)
+
+    # -- reranking ---------------------------------------------------------------------------
+
+    @property
+    def reranker(self) -> Reranker:
+        """What scores documents against a query: a cross-encoder reranker's model and head."""
+        if self._reranker is None:
+            embedder = self.embedder if getattr(self.model, "ranks", False) else None
+            if embedder is None:
+                raise EmberError(f"{self.name} is not a reranker: reranking needs a cross-encoder with a "
+                                 "classification head (pooling type rank), such as a BertForSequenceClassification")
+            self._reranker = Reranker(embedder)
+        return self._reranker
+
+    def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None,
+               truncate: bool = True) -> list[dict]:
+        """The documents by relevance to the query, best first, as llama-server's results:
+        [{"index": place in documents, "relevance_score": the model's score}], the top_n best
+        (default all); truncate cuts a query-document pair to what the model reads at once."""
+        return self.create_rerank(query, documents, top_n=top_n, truncate=truncate)["results"]
+
+    def create_rerank(self, query: str, documents: Sequence[str], top_n: int | None = None,
+                      model: str | None = None, return_documents: bool = False, truncate: bool = True) -> dict:
+        """llama-server's /v1/rerank response: {"model", "object": "list", "usage", "results"}."""
+        if not isinstance(query, str) or isinstance(documents, str) or \
+                not all(isinstance(d, str) for d in documents):
+            raise EmberError("rerank takes a query text and a list of document texts")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+            raise EmberError(f"top_n must be a non-negative integer, got {top_n!r}")
+        scores = self.reranker.score(query, list(documents), truncate=truncate)
+        return rerank_response(ranked(scores, top_n), list(documents), model or self.name,
+                               sum(s.n_tokens for s in scores), return_documents)
 
     # -- lifetime ----------------------------------------------------------------------------
 

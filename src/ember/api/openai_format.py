@@ -23,6 +23,10 @@ build their responses here, so both speak the same format:
 - embeddings: `{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
   "usage": {"prompt_tokens", "total_tokens"}}`; an embedding is a list of floats, or with
   encoding_format "base64" the base64 of its little-endian float32 bytes.
+- rerank (llama-server's, after Jina's): `{"model", "object": "list", "usage": {"prompt_tokens",
+  "total_tokens"}, "results": [{"index", "relevance_score"}]}`, best first, with `"document":
+  {"text"}` when asked; in TEI's form (a request with `texts`) just the list of `{"index",
+  "score"}` (and `"text"` with return_text).
 """
 
 from __future__ import annotations
@@ -58,6 +62,22 @@ def embedding_response(vectors: Sequence[np.ndarray], model: str, n_tokens: int,
     return {"object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)],
             "model": model, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def rerank_response(ranked: Sequence, documents: Sequence[str], model: str, n_tokens: int,
+                    return_documents: bool = False, tei: bool = False) -> dict | list:
+    """llama-server's /v1/rerank response for scores already ranked (engine.rerank.ranked)."""
+    label = "score" if tei else "relevance_score"
+    results = []
+    for s in ranked:
+        result = {"index": s.index, label: s.score}
+        if return_documents:
+            result.update({"text": documents[s.index]} if tei else {"document": {"text": documents[s.index]}})
+        results.append(result)
+    if tei:
+        return results
+    return {"model": model, "object": "list", "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            "results": results}
 
 
 class ResponseFormat:

@@ -400,6 +400,7 @@ def _post_processor_adds(post: dict | None, tokenizer_config: dict) -> dict[str,
             add.update(bos=True, eos=True, sep=True)
         elif kind == "TemplateProcessing":
             single = processor.get("single") or []
+            first = last = None
             if len(single) > 1:
                 first = (single[0].get("SpecialToken") or {}).get("id")
                 last = (single[-1].get("SpecialToken") or {}).get("id")
@@ -407,7 +408,32 @@ def _post_processor_adds(post: dict | None, tokenizer_config: dict) -> dict[str,
                     add["bos"] = first == bos or not tokenizer_config
                 if last:
                     add["eos"] = last == eos or not tokenizer_config
+            separator = _pair_separator(processor.get("pair") or [], first, last,
+                                        (_token_content(tokenizer_config.get("sep_token")), eos))
+            if separator is not None:
+                add["sep"] = separator
     return add
+
+
+def _pair_separator(pair: list, first, last, separators: tuple) -> bool | None:
+    """Whether a pair template "A [SEP] B" puts a separator of its own between the texts (gguf-py's
+    reading: not when the single template already ends in one, which then serves as EOS), or None
+    when the template is not of that form."""
+    def special(item) -> str | None:
+        return (item.get("SpecialToken") or {}).get("id")
+
+    start = 1 if first and pair and special(pair[0]) == first else 0
+    stop = -1 if last and pair and special(pair[-1]) == last else None
+    pair = pair[start:stop]
+    if not pair or (pair[0].get("Sequence") or {}).get("id") != "A" or (pair[-1].get("Sequence") or {}).get("id") != "B":
+        return None
+    middle = pair[1:-1]
+    if not middle:
+        return None
+    separated = special(middle[0]) in separators and not last
+    if len(middle) == 2 and special(middle[1]) in separators:
+        separated = True
+    return separated
 
 
 def _chat_template(path: Path, tokenizer_config: dict) -> str | None:

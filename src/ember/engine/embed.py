@@ -5,7 +5,9 @@
 
 Pooling is the file's `<arch>.pooling_type` (llama.cpp's enum: 0 none, 1 mean, 2 CLS, 3 last,
 4 rank); a file without one (a generation model) gets DEFAULT_POOLING and a warning that names it.
-"none" gives one vector per token. Several texts run in one graph run, each in a sequence slot of
+"none" gives one vector per token. A reranker's model (Model.ranks) pools by rank only: its
+graph takes the [CLS] state through the classification head, and the "embedding" of an input is
+its class scores, unnormalised (engine/rerank.py reads them). Several texts run in one graph run, each in a sequence slot of
 its own (positions from 0; attention never crosses slots), as many as the batch's tokens and the
 model's slots allow, so 32 short texts cost a few forward passes, not 32.
 """
@@ -21,23 +23,10 @@ import numpy as np
 
 from ember.engine.runtime import Model, token_ids
 from ember.errors import EmberError, EmberWarning
-from ember.gguf.metadata import int_key
+from ember.models.pooling import file_pooling
 
-POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
-POOLINGS = ("none", "mean", "cls", "last")
+POOLINGS = ("none", "mean", "cls", "last", "rank")
 DEFAULT_POOLING = "mean"  # for files that do not say (llama.cpp's server pools so too)
-
-
-def file_pooling(gguf) -> str | None:
-    """The pooling the file names (<arch>.pooling_type), or None when it names none."""
-    arch = gguf.metadata.get("general.architecture")
-    value = int_key(gguf.metadata, f"{arch}.pooling_type", None, minimum=0)
-    if value is None:
-        return None
-    if value not in POOLING_TYPES:
-        raise EmberError(f"unknown pooling type {value} ({arch}.pooling_type); ember knows "
-                         + ", ".join(f"{k} ({v})" for k, v in POOLING_TYPES.items()))
-    return POOLING_TYPES[value]
 
 
 @dataclass
@@ -56,7 +45,7 @@ class Embedder:
         self.model = model
         self.tokenizer = tokenizer
         self.normalize = normalize
-        own = file_pooling(model.gguf)
+        own = "rank" if model.ranks else file_pooling(model.gguf)
         if pooling is None:
             pooling = own
             if pooling is None:
@@ -64,10 +53,14 @@ class Embedder:
                 warnings.warn(EmberWarning(
                     f"{name} has no {model.hp.arch}.pooling_type (it is not an embedding model); "
                     f"embedding with {pooling} pooling"), stacklevel=2)
-        if pooling == "rank":
-            raise EmberError(f"{name} is a reranker (pooling type rank); ember does not rerank yet")
         if pooling not in POOLINGS:
             raise EmberError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        if model.ranks and pooling != "rank":
+            raise EmberError(f"{name} is a reranker: its graph ends in a classification head, so it scores "
+                             "text pairs (rerank) and does not pool embeddings")
+        if pooling == "rank" and not model.ranks:
+            raise EmberError(f"{name} is not a reranker: rank pooling needs an encoder with a classification "
+                             "head (cls.output.weight)")
         self.pooling = pooling
 
     @property
@@ -92,9 +85,15 @@ class Embedder:
     def embed(self, texts: Sequence[str], truncate: bool = False) -> list[Embedding]:
         return self.embed_tokens([self.tokenize(text, truncate) for text in texts])
 
-    def embed_tokens(self, inputs: Sequence[Sequence[int]]) -> list[Embedding]:
-        """One Embedding per token list, computed in as few graph runs as fit."""
+    def embed_tokens(self, inputs: Sequence[Sequence[int]],
+                     token_types: Sequence[Sequence[int]] | None = None) -> list[Embedding]:
+        """One Embedding per token list, computed in as few graph runs as fit; token_types: each
+        input's token types (a reranker's text pairs), else all 0."""
         inputs = [token_ids(ids, self.model.n_vocab) for ids in inputs]
+        types = [np.zeros(ids.size, np.int64) for ids in inputs] if token_types is None else \
+            [np.asarray(t, np.int64).reshape(-1) for t in token_types]
+        if len(types) != len(inputs) or any(t.size != ids.size for t, ids in zip(types, inputs)):
+            raise EmberError("token types must be given for every token of every input")
         for ids in inputs:
             if ids.size == 0:
                 raise EmberError("cannot embed an empty input")
@@ -103,7 +102,7 @@ class Embedder:
                                  "model embeds at once")
         out: list[Embedding | None] = [None] * len(inputs)
         for group in self._groups(inputs):
-            for index, states in zip(group, self._run([inputs[i] for i in group])):
+            for index, states in zip(group, self._run([inputs[i] for i in group], [types[i] for i in group])):
                 out[index] = Embedding(self._pool(states), int(inputs[index].size))
         return out  # type: ignore[return-value]
 
@@ -121,7 +120,7 @@ class Embedder:
                 tokens = ids.size
         return groups
 
-    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def _run(self, inputs: list[np.ndarray], types: list[np.ndarray]) -> list[np.ndarray]:
         """The hidden states of each input's tokens (only the rows its pooling reads)."""
         model = self.model
         if len(inputs) == 1 and inputs[0].size > model.n_batch:  # a long decoder input: chunked
@@ -135,18 +134,20 @@ class Embedder:
         seq_ids = np.concatenate([np.full(ids.size, s, np.int32) for s, ids in enumerate(inputs)])
         starts = np.cumsum([0] + [ids.size for ids in inputs])
         rows = np.concatenate([start + self._rows(ids.size) for start, ids in zip(starts, inputs)])
-        states = model._run(tokens, positions, seq_ids, rows.astype(np.int32))
+        states = model._run(tokens, positions, seq_ids, rows.astype(np.int32), np.concatenate(types))
         counts = np.cumsum([0] + [self._rows(ids.size).size for ids in inputs])
         return [states[a:b] for a, b in itertools.pairwise(counts)]
 
     def _rows(self, n_tokens: int) -> np.ndarray:
-        if self.pooling == "cls":
+        if self.pooling in ("cls", "rank"):  # an encoder's reranker reads [CLS], as llama.cpp's
             return np.array([0])
         if self.pooling == "last":
             return np.array([n_tokens - 1])
         return np.arange(n_tokens)
 
     def _pool(self, states: np.ndarray) -> np.ndarray:
+        if self.pooling == "rank":
+            return np.asarray(states[0], dtype=np.float32)  # the class scores, as the head gives them
         vector = states if self.pooling == "none" else states.mean(axis=0) if self.pooling == "mean" else states[0]
         vector = np.asarray(vector, dtype=np.float32)
         if self.normalize:

@@ -16,6 +16,7 @@ from ember.errors import ContextFullError, EmberError, EmberWarning
 from ember.gguf import GGUFFile, open_gguf
 from ember.models import architecture, tensor_shapes
 from ember.models.blocks import Builder
+from ember.models.pooling import is_reranker
 from ember.sysinfo import checked_threads, physical_memory
 
 DEFAULT_MAX_CTX = 4096
@@ -42,13 +43,17 @@ class Model:
         logits, for engine.embed. Encoder architectures (BERT) always do; `is_encoder` says so,
         and `n_out` is the width of what eval returns (n_vocab, or the embedding length). An
         encoder's batch is its whole context and it has at least ENCODER_SLOTS sequence slots.
+    rank: the graph ends in the file's classification head and returns each output row's class
+        scores (a cross-encoder reranker, pooling type rank); default: an encoder whose file says
+        so (models/pooling.is_reranker). `ranks` says which; `n_out` is then the number of classes.
+        Its token-type embedding is a per-token input: `_run` takes each token's type.
 
     `kv_bytes_per_token` is what one token of one sequence takes in the KV cache.
     """
 
     def __init__(self, model: GGUFFile | str | Path, n_ctx: int | None = None, n_threads: int | None = None,
                  n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8",
-                 embeddings: bool = False):
+                 embeddings: bool = False, rank: bool | None = None):
         _check_count("n_ctx", n_ctx, minimum=0)
         for name, value in (("n_seq", n_seq), ("n_batch", n_batch), ("n_outputs", n_outputs)):
             _check_count(name, value)
@@ -63,16 +68,21 @@ class Model:
         self.activations = activations
         self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
         self.is_encoder = bool(getattr(arch, "ENCODER", False))
-        self.embeddings = embeddings or self.is_encoder
+        self.ranks = (self.is_encoder and is_reranker(self.gguf)) if rank is None else bool(rank)
+        self.embeddings = embeddings or self.is_encoder or self.ranks
         builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp),
                           n_ctx=context_length(n_ctx, self.n_ctx_train))
         builder.embeddings = self.embeddings
+        builder.rank = self.ranks
         logits = builder.build(arch.build)
+        if self.ranks and builder.n_classes is None:
+            raise EmberError(f"ember cannot rerank with the {self.hp.arch} architecture")
         if self.embeddings and not (self.is_encoder or builder.hidden_output):
             raise EmberError(f"ember cannot take embeddings from the {self.hp.arch} architecture")
         self._keep = builder._keep
+        self._token_types = builder.token_types  # [n_types, n_embd] rows of the token-type input, or None
         self.graph.set_output(logits)
-        self.n_out = self.hp.n_embd if self.embeddings else self.n_vocab
+        self.n_out = builder.n_classes if self.ranks else self.hp.n_embd if self.embeddings else self.n_vocab
         self.n_ctx = self._context_length(n_ctx, builder.max_positions)
         self.n_seq = int(n_seq)
         self.n_batch = int(min(n_batch, self.n_ctx))
@@ -218,8 +228,15 @@ class Model:
     def graph_outputs(self) -> int:
         return min(self.n_outputs, self.n_batch)
 
-    def _run(self, tokens, positions, seq_ids, out_rows) -> np.ndarray:
-        return self.graph.run(tokens, positions, seq_ids, out_rows)
+    def _run(self, tokens, positions, seq_ids, out_rows, token_types=None) -> np.ndarray:
+        """One graph run; token_types (a reranker's: 0 for the query's tokens, 1 for the document's)
+        default to 0."""
+        if self._token_types is None:
+            return self.graph.run(tokens, positions, seq_ids, out_rows)
+        types = np.zeros(len(tokens), np.int64) if token_types is None else np.asarray(token_types, np.int64)
+        if types.shape != (len(tokens),) or (types.size and not 0 <= types.min() <= types.max() < len(self._token_types)):
+            raise EmberError(f"token types must be one per token, each in [0, {len(self._token_types)})")
+        return self.graph.run(tokens, positions, seq_ids, out_rows, [self._token_types[types]])
 
     # -- information -------------------------------------------------------------------------
 

@@ -1,6 +1,12 @@
 """BERT encoders (BERT, BGE, MiniLM, E5): learned absolute positions and token types, LayerNorm
 after each sub-layer (post-norm), non-causal attention with biases, a GELU MLP. The graph's output
-is the last layer's hidden state per token; pooling and normalisation are engine.embed's."""
+is the last layer's hidden state per token; pooling and normalisation are engine.embed's.
+
+A cross-encoder reranker (BertForSequenceClassification, ms-marco-MiniLM) ends in its
+classification head instead, as llama.cpp's rank pooling runs it: the [CLS] state, then
+tanh(cls(x)) where the file has `cls` (BERT's pooler, RoBERTa's dense layer), then `cls.output`
+(the classifier): one score per class. Its token types are an input per token (the query's 0,
+the document's 1, as transformers gives them)."""
 
 from __future__ import annotations
 
@@ -9,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ember.errors import EmberError
+from ember.errors import EmberError, GGUFError
 from ember.gguf.types import GGMLType
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import IGNORED, get, require
+from ember.models.validate import n_rows
 
-HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 ENCODER = True  # no LM head: build returns hidden states
 
 
@@ -25,7 +32,8 @@ def hparams(f) -> HParams:
 def tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
     e = hp.n_embd
     norms = ("token_embd_norm", "attn_output_norm", "layer_output_norm")
-    return {f"{norm}.{kind}": (e,) for norm in norms for kind in ("weight", "bias")}
+    return {f"{norm}.{kind}": (e,) for norm in norms for kind in ("weight", "bias")} | {
+        "cls.weight": (e, e), "cls.bias": (e,)}
 
 
 def token_type_row(b: Builder, row: int = 0) -> int:
@@ -43,13 +51,28 @@ def token_type_row(b: Builder, row: int = 0) -> int:
     return b.g.named_weight(t.name, int(GGMLType.F32), b.hp.n_embd, 1, data)
 
 
+def token_type_input(b: Builder) -> int:
+    """A reranker's token-type embedding: a per-token input whose rows the runtime takes from
+    token_types.weight (Builder.token_types) by each token's type; -1 where the file has one type."""
+    from ember.quant.reference import dequantize
+
+    t = b.f.tensors.get("token_types.weight")
+    if t is None or t.shape[0] != b.hp.n_embd or len(t.shape) < 2 or t.shape[1] < 2:
+        return -1
+    b.token_types = np.ascontiguousarray(dequantize(t.data, t.type, t.shape).reshape(-1, b.hp.n_embd),
+                                         dtype=np.float32)
+    return b.g.input(b.hp.n_embd)
+
+
 def embeddings(b: Builder) -> int:
     """LayerNorm(token + position + token type embedding); rotary encoders have no position embedding."""
     g = b.g
     x = g.get_rows(b.weight("token_embd.weight"))
     if b.has("position_embd.weight"):
         x = g.add(x, g.get_rows(b.weight("position_embd.weight"), by_position=True))
-    types = token_type_row(b)
+    types = token_type_input(b) if b.rank else -1
+    if types < 0:
+        types = token_type_row(b)
     if types >= 0:
         x = g.add(x, types)
     return b.layer_norm(x, "token_embd_norm")
@@ -78,11 +101,30 @@ def self_attention(b: Builder, x: int, il: int) -> int:
     return b.attention(q, k, v, causal=False)
 
 
+def outputs(b: Builder, x: int) -> int:
+    """The rows asked for (each text's, or a reranker's [CLS]); a reranker's through its head."""
+    x = b.g.select_outputs(x)
+    return classifier_head(b, x) if b.rank else x
+
+
+def classifier_head(b: Builder, x: int) -> int:
+    """llama.cpp's rank pooling head: tanh(cls(x)) where the file has cls, then cls.output."""
+    if not (b.has("cls.weight") or b.has("cls.output.weight")):
+        raise GGUFError("a reranker needs its classification head (cls.output.weight), which the file lacks")
+    last = "cls"
+    if b.has("cls.weight"):
+        x = b.g.softcap(b.linear(x, "cls"), 1.0)  # 1 * tanh(x / 1)
+    if b.has("cls.output.weight"):
+        x, last = b.linear(x, "cls.output"), "cls.output"
+    b.n_classes = n_rows(b.f.tensors[f"{last}.weight"].shape)
+    return x
+
+
 def build(b: Builder) -> int:
     x = embeddings(b)
     for il in range(b.hp.n_layer):
         x = encoder_layer(b, x, il, self_attention)
-    return b.g.select_outputs(x)
+    return outputs(b, x)
 
 
 _GLOBAL = {
@@ -105,15 +147,27 @@ _LAYER = {
 _BLOCK = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 # heads no embedding reads: the pooler, the masked-LM and next-sentence heads
 _DROPPED = ("embeddings.position_ids", "pooler.", "cls.")
+# a sequence classifier's head: BERT's pooler (dense + tanh on [CLS]) and the classifier
+_CLASSIFIER = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias",
+               "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias"}
+RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 
 
 class Converter:
-    """Hugging Face BertModel -> GGUF "bert", as llama.cpp's BertModel converter writes it."""
+    """Hugging Face BertModel -> GGUF "bert", as llama.cpp's BertModel converter writes it.
+
+    BertForSequenceClassification (a cross-encoder reranker) keeps its head as llama.cpp's
+    converter names it, the classifier as cls.output and its labels as classifier.output_labels,
+    with two differences that make the file mean what the checkpoint computes: the pooler stays
+    (as cls; llama.cpp's converter drops it, and its graph then scores classifier([CLS]) instead
+    of classifier(tanh(pooler([CLS])))) and the file says pooling type rank (llama.cpp's converter
+    says none and leaves it to --reranking)."""
 
     arch = "bert"
 
     def __init__(self, config: dict):
         self.config = config
+        self.classifies = (config.get("architectures") or [None])[0] == "BertForSequenceClassification"
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise EmberError(f"BERT with {config['position_embedding_type']} position embeddings is not supported")
         if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
@@ -130,7 +184,17 @@ class Converter:
             f"{a}.attention.head_count": int(require(c, "num_attention_heads")),
             f"{a}.attention.layer_norm_epsilon": float(get(c, "layer_norm_eps", default=1e-12)),
             f"{a}.attention.causal": False,
-        }
+        } | (self._classifier_metadata() if self.classifies else {})
+
+    def _classifier_metadata(self) -> dict[str, Any]:
+        """The rank pooling type and, as llama.cpp's converter, the class labels unless they are
+        the two transformers makes up (LABEL_0, LABEL_1)."""
+        meta: dict[str, Any] = {f"{self.arch}.pooling_type": RANK_POOLING}
+        labels = self.config.get("id2label") or {}
+        names = [str(v) for _, v in sorted(labels.items(), key=lambda kv: int(kv[0]))]
+        if names and names != ["LABEL_0", "LABEL_1"]:
+            meta[f"{self.arch}.classifier.output_labels"] = names
+        return meta
 
     def gguf_name(self, hf_name: str) -> str | None:
         name = hf_name.removeprefix("bert.")
@@ -138,6 +202,8 @@ class Converter:
             name = name[:-6] + ".weight"
         if name.endswith(".beta"):
             name = name[:-5] + ".bias"
+        if self.classifies and name in _CLASSIFIER:
+            return _CLASSIFIER[name]
         if name.endswith(IGNORED) or name.startswith(_DROPPED):
             return None
         if name in _GLOBAL:

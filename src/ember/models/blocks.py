@@ -139,6 +139,9 @@ class Builder:
         self._constants: dict[str, int] = {}
         self.embeddings = False  # set before build: lm_head returns the final hidden states instead
         self.hidden_output = False  # whether lm_head did so
+        self.rank = False  # set before build: end in the classification head (a reranker)
+        self.n_classes: int | None = None  # the head's outputs, set by the build that adds it
+        self.token_types: np.ndarray | None = None  # F32 rows [n_types, n_embd] of a token-type input
 
     def build(self, build_fn: Callable[["Builder"], int]) -> int:
         """build_fn(self), the logits tensor id; a failure on a malformed file is a GGUFError."""

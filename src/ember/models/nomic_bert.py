@@ -5,7 +5,7 @@ nomic-bert graph: down(silu(gate(x)) * up(x)))."""
 from __future__ import annotations
 
 from ember.models.blocks import Builder, HParams
-from ember.models.bert import embeddings, encoder_layer, tensor_shapes  # noqa: F401  (the same norms)
+from ember.models.bert import embeddings, encoder_layer, outputs, tensor_shapes  # noqa: F401  (the same norms)
 
 ENCODER = True
 
@@ -30,4 +30,4 @@ def build(b: Builder) -> int:
     x = embeddings(b)
     for il in range(b.hp.n_layer):
         x = encoder_layer(b, x, il, rotary_attention, swiglu_mlp)
-    return b.g.select_outputs(x)
+    return outputs(b, x)

@@ -1,8 +1,10 @@
 """The HTTP routes: OpenAI's completions, chat completions, embeddings and models, llama-server's
-tokenize, detokenize, props and slots, health, Prometheus metrics and the chat page at /.
+rerank, tokenize, detokenize, props and slots, health, Prometheus metrics and the chat page at /.
 
-Embeddings run on a thread of their own, one request at a time, all of a request's inputs
-batched through the runtime (engine/embed.py); an encoder model (BERT) serves only them.
+Embeddings and reranking run on a thread of their own, one request at a time, all of a request's
+inputs batched through the runtime (engine/embed.py); an encoder model (BERT) serves only them, a
+reranker (a cross-encoder, pooling type rank) only /v1/rerank (and its aliases /rerank,
+/v1/reranking, /reranking, as llama-server's).
 
 Every error is answered with an OpenAI-style body (see schemas.APIError): 400 for bad input,
 401 for a missing or wrong API key, 404 for unknown routes, 413 for a body over the limit,
@@ -34,9 +36,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from ember.api.openai_format import ResponseFormat
+from ember.api.openai_format import ResponseFormat, rerank_response
 from ember.api.tool_calls import ToolError
 from ember.engine.constraints import ConstraintError, grammar_from_request
+from ember.engine.rerank import ranked
 from ember.engine.sampling import SamplingParams
 from ember.engine.sampling_params import CHAT_TEMPERATURE
 from ember.engine.sampling_params import DEFAULTS as SAMPLING_DEFAULTS
@@ -50,6 +53,7 @@ from ember.server.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    RerankRequest,
     TokenizeRequest,
     error_body,
     parse,
@@ -64,8 +68,9 @@ MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_SECONDS = 1
 TEMPLATE_THREADS = 4  # chat templates rendering at once; more requests wait for one of these
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned
-ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize",
-          "/detokenize", "/metrics", "/props", "/slots")
+RERANK_ROUTES = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
+ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+          *RERANK_ROUTES, "/tokenize", "/detokenize", "/metrics", "/props", "/slots")
 
 
 def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None,
@@ -76,7 +81,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     comma-separated list of origins; "" sends no CORS headers. slots_endpoint=False hides /slots.
     """
     templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="ember-template")
-    embedding = threading.Lock()  # one embeddings request at a time on the embedding graph
+    embedding = threading.Lock()  # one embeddings or rerank request at a time on the embedding graph
 
     @asynccontextmanager
     async def lifespan(app):
@@ -167,6 +172,9 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
     @app.post("/v1/embeddings", dependencies=authorized)
     async def embeddings(request: Request):
         body = parse(EmbeddingRequest, await _read_json(request))
+        if _reranks(llm):
+            raise APIError(400, f"{llm.name} is a reranker: it serves /v1/rerank, not embeddings", param="model",
+                           code="model_not_supported")
 
         def embed():
             with embedding:
@@ -180,6 +188,32 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
                     raise APIError(400, str(error), param="input") from None
 
         return await asyncio.to_thread(embed)
+
+    async def rerank(request: Request):
+        body = parse(RerankRequest, await _read_json(request))
+        documents = body.texts if body.tei else body.documents
+        if documents is None:
+            raise APIError(400, "missing required field 'documents'", param="documents")
+        if body.tei and body.documents is not None:
+            raise APIError(400, "give 'documents' or 'texts', not both", param="texts")
+        if not _reranks(llm):
+            raise APIError(400, f"{llm.name} is not a reranker: it serves no /v1/rerank (a cross-encoder with a "
+                                "classification head does)", param="model", code="model_not_supported")
+
+        def run():
+            with embedding:
+                try:
+                    scores = llm.reranker.score(body.query, documents, truncate=True)
+                except EmberError as error:
+                    raise APIError(400, str(error), param="documents") from None
+            return rerank_response(ranked(scores, body.top_n), documents, body.model or llm.name,
+                                   sum(s.n_tokens for s in scores), body.return_text if body.tei
+                                   else body.return_documents, tei=body.tei)
+
+        return JSONResponse(await asyncio.to_thread(run))
+
+    for path in RERANK_ROUTES:
+        app.add_api_route(path, rerank, methods=["POST"], dependencies=authorized)
 
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize(request: Request):
@@ -224,8 +258,12 @@ def _token_text(tokenizer, token_id: int | None) -> str:
 
 def _generative(llm) -> None:
     if getattr(llm.model, "is_encoder", False):
-        raise APIError(400, f"{llm.name} is an embedding model: it serves /v1/embeddings, not text generation",
-                       param="model", code="model_not_supported")
+        serves = "a reranker: it serves /v1/rerank" if _reranks(llm) else "an embedding model: it serves /v1/embeddings"
+        raise APIError(400, f"{llm.name} is {serves}, not text generation", param="model", code="model_not_supported")
+
+
+def _reranks(llm) -> bool:
+    return bool(getattr(llm.model, "ranks", False))
 
 
 def _constraint(body):

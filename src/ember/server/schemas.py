@@ -10,7 +10,8 @@ Constraints (engine/constraints.py): OpenAI's `response_format`, llama.cpp's `gr
 and `json_schema`, and `regex` / `choice`; chat requests also take `tools`, `tool_choice` and
 `parallel_tool_calls` (api/tool_calls.py), and `reasoning_format` (api/reasoning.py). Embeddings
 take OpenAI's `input` (texts or token ids, up to 2048), `encoding_format` (float, base64) and
-`dimensions` (only the model's own).
+`dimensions` (only the model's own). Rerank takes llama-server's `query`, `documents` (or TEI's
+`texts`), `top_n` and `model`, with Jina's `return_documents` and TEI's `return_text`.
 
 Defaults are the Python API's (`LLM.create_completion`, `LLM.create_chat_completion`):
 a completion stops after 16 tokens unless max_tokens says otherwise, a chat reply runs to
@@ -257,6 +258,30 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
     user: StrictStr | None = None  # accepted, without effect
+
+
+def _documents(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError("must be a non-empty list of strings")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} documents per request are supported")
+    return value
+
+
+class RerankRequest(_Request):
+    query: StrictStr
+    documents: Annotated[Any, AfterValidator(_documents)] = None
+    texts: Annotated[Any, AfterValidator(_documents)] = None  # TEI's name: its response form
+    top_n: StrictInt | None = Field(None, ge=0)
+    model: StrictStr | None = None
+    return_documents: StrictBool = False  # Jina's: each result carries {"document": {"text"}}
+    return_text: StrictBool = False  # TEI's: each result carries "text"
+
+    @property
+    def tei(self) -> bool:
+        return self.texts is not None
 
 
 class DetokenizeRequest(_Request):

@@ -91,6 +91,21 @@ class Tokenizer:
             ids.append(self._required("sep"))
         return ids
 
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], int]:
+        """A text pair as llama-server's rerank input: [BOS] first [EOS] [SEP] second [EOS], each
+        special token where the file's add_bos / add_eos / add_sep say (EOS: the separator where
+        the file has none); BERT's files give [CLS] first [SEP] second [SEP]. Returns the ids and
+        the length of the first part (the tokens before `second`)."""
+        add_bos, add_eos, add_sep = self._vocab.pair_specials
+        eos = self._vocab.special.get("eos")
+        eos = self._required("sep") if add_eos and eos is None else eos
+        ids = [self._required("bos")] if add_bos else []
+        ids += self._encoder.encode(_LONE_SURROGATE.sub("\ufffd", first), False)
+        ids += ([eos] if add_eos else []) + ([self._required("sep")] if add_sep else [])
+        n_first = len(ids)
+        ids += self._encoder.encode(_LONE_SURROGATE.sub("\ufffd", second), False) + ([eos] if add_eos else [])
+        return ids, n_first
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text of `ids`; invalid UTF-8 becomes U+FFFD.
 

@@ -61,6 +61,8 @@ _LEGACY_FIM_KEYS = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid
 _WPM_KEYS = {"unknown": "unk", "seperator": "sep", "padding": "pad"}  # "seperator" as GGUF spells it
 # llama.cpp's defaults for "bert" vocabularies (BERT's [CLS], [UNK], [SEP], [PAD])
 _WPM_DEFAULTS = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0}
+# BPE pre-tokenizers after which llama.cpp separates a text pair by default (add_sep)
+_SEPARATING_PRE = ("jina-v1-en", "jina-v2-code", "roberta-bpe")
 
 
 @dataclass
@@ -80,6 +82,9 @@ class Vocab:
     add_sep: bool = False  # WordPiece: encode(add_special=True) puts the separator ([SEP]) last
     lowercase: bool = False  # WordPiece: lower-case the text (tokenizer.ggml.normalizer.lowercase)
     strip_accents: bool = False  # WordPiece: drop accents (normalizer.strip_accents, default: lowercase)
+    # llama.cpp's add_bos / add_eos / add_sep as the file sets them (llama.cpp's defaults per kind),
+    # which place the special tokens of a text pair (Tokenizer.encode_pair)
+    pair_specials: tuple[bool, bool, bool] = (False, False, False)
     _index: Any = field(default=None, repr=False)
 
     @property
@@ -136,6 +141,9 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
         clean_spaces=pre.clean_spaces if pre is not None else kind == "wpm",
     )
+    vocab.pair_specials = (_flag(metadata, "add_bos_token", True) if kind == "wpm" else vocab.add_bos, vocab.add_eos,
+                           _flag(metadata, "add_sep_token", kind == "wpm" or string_key(metadata, "tokenizer.ggml.pre")
+                                 in _SEPARATING_PRE))
     if kind == "wpm":  # llama.cpp puts [CLS] (BOS) and [SEP] around the text, whatever the flags say
         vocab.add_bos, vocab.add_eos, vocab.add_sep = True, False, True
         vocab.lowercase = _flag(metadata, "normalizer.lowercase", False)
