@@ -28,11 +28,25 @@ namespace {
 alignas(16) constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 alignas(16) constexpr uint8_t kUnsignedValues[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-// The 8 sub-block scales of an IQ4_XS super-block, bias removed (-32..31).
+// The 8 biased sub-block scales ls_j of an IQ4_XS super-block, byte j of the result: nibble j of
+// scales_l and bit pair j of scales_h spread to one byte each by shifts and masks.
+inline uint64_t iq4_xs_biased_scales(const block_iq4_xs& x) {
+  uint32_t low32;
+  std::memcpy(&low32, x.scales_l, 4);
+  uint64_t low = low32, high = x.scales_h;
+  low = (low | low << 16) & 0x0000FFFF0000FFFFULL;
+  low = (low | low << 8) & 0x00FF00FF00FF00FFULL;
+  low = (low | low << 4) & 0x0F0F0F0F0F0F0F0FULL;
+  high = (high | high << 24) & 0x000000FF000000FFULL;
+  high = (high | high << 12) & 0x000F000F000F000FULL;
+  high = (high | high << 6) & 0x0303030303030303ULL;
+  return low | high << 4;
+}
+
+// The same, bias removed (-32..31).
 inline void iq4_xs_scales(const block_iq4_xs& x, int scales[8]) {
-  uint32_t low;
-  std::memcpy(&low, x.scales_l, 4);
-  for (int j = 0; j < 8; ++j) scales[j] = static_cast<int>(((low >> 4 * j) & 0xF) | ((x.scales_h >> 2 * j) & 3) << 4) - 32;
+  const uint64_t biased = iq4_xs_biased_scales(x);
+  for (int j = 0; j < 8; ++j) scales[j] = static_cast<int>((biased >> 8 * j) & 0xFF) - 32;
 }
 
 void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
@@ -243,17 +257,28 @@ struct IQ4NLTile {
 #endif
 };
 
-// avx2_k_tile.h's and avx512_k_panel.h's traits. sums: per sub-block, the signed values times
-// the activations (sign moved onto them: |value| <= 127 and |qy| <= 127, so the byte-pair sums
-// fit in int16), times the scale, summed in int32 lanes.
+// avx2_k_tile.h's and avx512_k_panel.h's traits.
 struct IQ4XSTile {
   using BX = block_iq4_xs;
   using BY = block_q8_K;
   static constexpr int kSub = 32, kZeroShift = 7;  // unsigned as value + 128
   static constexpr bool kMins = false;
+  // Nibbles of sub-blocks 2k and 2k + 1 (one 32-byte load) -> the two sub-blocks' 32 nibbles each, in
+  // element order.
+  static void nibble_pair(const BX& x, int k, __m256i& first, __m256i& second) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+    const __m256i lo = _mm256_and_si256(packed, low4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    first = _mm256_permute2x128_si256(lo, hi, 0x20);
+    second = _mm256_permute2x128_si256(lo, hi, 0x31);
+  }
   static void quants(const BX& x, __m256i q[8]) {
     const __m256i table = unsigned_table();
-    for (int s = 0; s < 8; ++s) q[s] = lookup_32(x.qs + 16 * s, table);
+    for (int k = 0; k < 4; ++k) {
+      nibble_pair(x, k, q[2 * k], q[2 * k + 1]);
+      q[2 * k] = _mm256_shuffle_epi8(table, q[2 * k]);
+      q[2 * k + 1] = _mm256_shuffle_epi8(table, q[2 * k + 1]);
+    }
   }
   static void scales(const BX& x, int32_t sc[16], int32_t*) {
     int s[8];
@@ -262,20 +287,66 @@ struct IQ4XSTile {
   }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX&) { return 0.0f; }
+  // The scales (-32..31) of sub-blocks 0, 2, 4, 6, 1, 3, 5, 7 in dwords 0..7 (the order of sums'
+  // lanes): nibble s of scales_l and bit pair s of scales_h shifted into place lane by lane.
+  static __m256i scales_even_odd(const BX& x) {
+    uint32_t low;
+    std::memcpy(&low, x.scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(low)),
+                                                          _mm256_setr_epi32(0, 8, 16, 24, 4, 12, 20, 28)),
+                                        _mm256_set1_epi32(0x0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x.scales_h << 4),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14)),
+                                        _mm256_set1_epi32(0x30));
+    return _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32));
+  }
+  // 16 bytes at p and 16 at p + 32 as one vector.
+  static __m256i two_halves(const int8_t* p) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)), 1);
+  }
+  // Super-block b's sums with C activation blocks. The 32 packed bytes of sub-blocks 2k and
+  // 2k + 1 give, unshuffled, their low nibbles (elements 0..15 of each, one per 128-bit lane) and
+  // their high nibbles (elements 16..31), met by the matching activations; the integer dot
+  // products are reduced to one lane per sub-block (lanes: sub-blocks 0, 2, 4, 6, 1, 3, 5, 7) and
+  // multiplied by the scales. With VNNI the unsigned values (value + 128) go through vpdpbusd and
+  // 128 sum(qy) comes off each lane (from the bsums); without it the signed values, their sign
+  // moved onto the activations (|value|, |qy| <= 127, so vpmaddubsw's byte-pair sums fit in
+  // int16).
   template <int C>
   static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
-    int sc[8];
-    iq4_xs_scales(x, sc);
-    const __m256i table = signed_table();
-    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s) {
-      const __m256i q = lookup_32(x.qs + 16 * s, table);
-      const __m256i magnitude = _mm256_sign_epi8(q, q);
-      const __m256i scale = _mm256_set1_epi16(static_cast<short>(sc[s]));
+    constexpr bool kVnni =
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+        true;
+#else
+        false;
+#endif
+    const __m256i table = kVnni ? unsigned_table() : signed_table();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i pair[C][4];  // lanes 0-3: sub-block 2k, lanes 4-7: sub-block 2k + 1
+    for (int k = 0; k < 4; ++k) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+      const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
+      const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
+      // The unsigned factors: the values themselves (VNNI), or their magnitudes.
+      const __m256i lo_u = kVnni ? lo : _mm256_sign_epi8(lo, lo), hi_u = kVnni ? hi : _mm256_sign_epi8(hi, hi);
       for (int c = 0; c < C; ++c) {
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 32 * s));
-        sumi[c] = madd_acc_i16(sumi[c], _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(qy, q)), scale);
+        __m256i y_lo = two_halves(y[c][b].qs + 64 * k), y_hi = two_halves(y[c][b].qs + 64 * k + 16);
+        if constexpr (!kVnni) y_lo = _mm256_sign_epi8(y_lo, lo), y_hi = _mm256_sign_epi8(y_hi, hi);
+        pair[c][k] = dot_u8_i8_acc(dot_u8_i8_i32(lo_u, y_lo), hi_u, y_hi);
       }
+    }
+    const __m256i scales = scales_even_odd(x);
+    for (int c = 0; c < C; ++c) {
+      __m256i per_sub_block = _mm256_hadd_epi32(_mm256_hadd_epi32(pair[c][0], pair[c][1]),
+                                                _mm256_hadd_epi32(pair[c][2], pair[c][3]));
+      if constexpr (kVnni) {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+        const __m256i y_sums = _mm256_permutevar8x32_epi32(_mm256_madd_epi16(bsums, _mm256_set1_epi16(1)),
+                                                           _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        per_sub_block = _mm256_sub_epi32(per_sub_block, _mm256_slli_epi32(y_sums, 7));
+      }
+      sumi[c] = _mm256_mullo_epi32(per_sub_block, scales);
     }
   }
 };

@@ -48,6 +48,17 @@ inline __m256i dot_u8_i8_i32(__m256i ax, __m256i sy) {
 #endif
 }
 
+// acc + the same sums (vpdpbusd's accumulator where there is one).
+inline __m256i dot_u8_i8_acc(__m256i acc, __m256i ax, __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, ax, sy);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, ax, sy);
+#else
+  return _mm256_add_epi32(acc, dot_u8_i8_i32(ax, sy));
+#endif
+}
+
 inline __m256 dot_u8_i8_f32(__m256i ax, __m256i sy) { return _mm256_cvtepi32_ps(dot_u8_i8_i32(ax, sy)); }
 
 // Signed x signed: move x's sign onto y so the unsigned-by-signed instruction applies.
