@@ -145,7 +145,7 @@ def dequantized_reference(hf_dir: Path, gguf_path: Path, tokens: np.ndarray, cas
     converter = converter_for(config["architectures"][0], config)
     tensors = {t.name: t for t in gguf.GGUFReader(gguf_path).tensors}
     experts = {"experts_implementation": "eager"} if is_mixture_of_experts(config) else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float64, **experts).eval()
+    model = case.load_model(hf_dir, dtype=torch.float64, **experts).eval()
     with torch.no_grad():
         for hf_name, param in model.named_parameters():
             fused = FUSED_EXPERTS.match(hf_name)
@@ -189,10 +189,10 @@ def build_tiny(case: type, config_name: str, tmp_path_factory):
     if case.mixture_of_experts:
         config._experts_implementation = "eager"  # the fused grouped_mm kernel has no float64
     torch.manual_seed(0)
-    model = getattr(transformers, case.model_class)(config).eval()
+    model = case.make_model(config).eval()
     randomize(model, case.norm_offset)
     hf_dir = tmp_path_factory.mktemp(config_name) / "hf"
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    case.save_model(model, hf_dir)
     gguf_path = convert(hf_dir, hf_dir.parent / f"{config_name}-f32.gguf", "f32")
 
     tokens = np.random.default_rng(7).integers(0, config.vocab_size, N_TOKENS)
@@ -219,6 +219,21 @@ class TransformersParity:
     tokenizer: str = "bpe"  # the tiny tokenizer llama.cpp's converter reads: "bpe" or "sentencepiece"
     llama_cpp_leaves_out: dict = {}  # {config name: metadata keys llama.cpp's converter does not write}
     mixture_of_experts: bool = False
+
+    @classmethod
+    def make_model(cls, config):
+        """The reference model of a configuration (a family transformers has no class for builds it
+        from transformers' pieces)."""
+        return getattr(transformers, cls.model_class)(config)
+
+    @classmethod
+    def save_model(cls, model, hf_dir: Path) -> None:
+        """The checkpoint `ember convert` reads, as the family's checkpoints are laid out."""
+        model.save_pretrained(hf_dir, safe_serialization=True)
+
+    @classmethod
+    def load_model(cls, hf_dir: Path, **kwargs):
+        return transformers.AutoModelForCausalLM.from_pretrained(hf_dir, **kwargs)
 
     @classmethod
     @contextlib.contextmanager

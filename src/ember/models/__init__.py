@@ -39,6 +39,7 @@ ARCHITECTURES = {
     "nomic-bert": "ember.models.nomic_bert",
     "glm4": "ember.models.glm4",
     "stablelm": "ember.models.stablelm",
+    "deepseek": "ember.models.deepseek",
     "deepseek2": "ember.models.deepseek2",
     "smollm3": "ember.models.smollm3",
     "qwen2moe": "ember.models.qwen2moe",
