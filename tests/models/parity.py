@@ -12,6 +12,9 @@ the F16 cache alone moves the logits by 1.5e-4 to 5.5e-4 of their maximum on the
 Every parameter, biases and norms included, is drawn at random, so a weight the converter drops
 or misplaces changes the logits.
 
+With embeddings=True the model returns, for every token, the base model's last hidden state (after
+the final norm) that transformers computes: cosine >= 0.9999 per token.
+
 Beyond that bound, as the registry models are judged: in F32 the top-1 token equals the
 reference's at every position and every position's cosine similarity is >= 0.9999. The same
 model quantized to Q8_0 (`ember convert --outtype q8_0`) and Q4_K_M (`ember quantize`), run with
@@ -294,6 +297,29 @@ class TransformersParity:
                 assert_quantized_close(logits, reference, experts=self.mixture_of_experts)
             else:  # unrounded activations choose the experts transformers chooses: the F32 bound
                 assert relative_error(logits, reference) <= RTOL
+
+    def test_embeddings_are_transformers_final_hidden_states(self, tiny):
+        """Model(embeddings=True) returns what the LM head reads: the base model's last hidden state
+        (after the final norm) of every token, as transformers computes it (float64, F16 K/V)."""
+        from ember.engine.embed import Embedder
+
+        model, _, _, tokens = tiny
+        import json
+
+        hf_dir = Path(model.gguf.path).parent / "hf"
+        config = json.loads((hf_dir / "config.json").read_text())
+        experts = {"experts_implementation": "eager"} if is_mixture_of_experts(config) else {}
+        hf = self.load_model(hf_dir, dtype=torch.float64, **experts).eval()
+        hf.set_attn_implementation(self.attention)
+        with torch.no_grad(), self.f16_cache(hf):
+            expected = hf.base_model(torch.tensor(tokens)[None]).last_hidden_state[0].numpy()
+        embedding = Model(model.gguf, n_ctx=64, n_threads=2, embeddings=True)
+        try:
+            states = Embedder(embedding, None, pooling="none", normalize=False).embed_tokens([tokens])[0].vector
+        finally:
+            embedding.graph = None  # the file stays open for the other tests
+        assert states.shape == expected.shape
+        assert cosines(states, expected).min() >= F32_COSINE
 
     def test_tensor_names_are_llama_cpps_for_the_architecture(self, tiny):
         gguf = pytest.importorskip("gguf")

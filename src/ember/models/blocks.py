@@ -286,11 +286,14 @@ class Builder:
         return self.linear(h, f"{prefix}.ffn_down{suffix}")
 
     def lm_head(self, x: int) -> int:
-        """The logits of the final hidden states x; with `embeddings` set, x itself."""
+        """The logits of the final hidden states x (plus output.bias where the file has one, Phi-2's);
+        with `embeddings` set, x itself."""
         if self.embeddings:
             self.hidden_output = True
             return x
-        return self.g.matmul(self.output_weight(), x)
+        logits = self.g.matmul(self.output_weight(), x)
+        bias = self.vector("output.bias", optional=True)
+        return self.g.add(logits, bias) if bias >= 0 else logits
 
     def output_weight(self) -> int:
         """The LM head, tied to the token embedding when the file has no output.weight."""

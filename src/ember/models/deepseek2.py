@@ -58,7 +58,7 @@ def build(b: Builder) -> int:
         x = g.add(x, mla.attention(b, b.rms_norm(x, f"{p}.attn_norm.weight"), p, hp.mla))
         x = g.add(x, moe.ffn(b, b.rms_norm(x, f"{p}.ffn_norm.weight"), il))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 HF_LAYER = {

@@ -28,7 +28,7 @@ def build(b: Builder) -> int:
         m = b.linear(g.swiglu(g.view(gate_up, 0, hp.n_ff), g.view(gate_up, hp.n_ff, hp.n_ff)), f"{p}.ffn_down")
         x = g.add(x, b.rms_norm(m, f"{p}.post_ffw_norm.weight"))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 def hparams(f) -> HParams:

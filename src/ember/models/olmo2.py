@@ -27,7 +27,7 @@ def build(b: Builder) -> int:
         x = g.add(x, b.rms_norm(a, f"{p}.post_attention_norm.weight"))
         x = g.add(x, b.rms_norm(b.gated_mlp(x, p), f"{p}.post_ffw_norm.weight"))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 def hparams(f) -> HParams:

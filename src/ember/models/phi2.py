@@ -37,7 +37,7 @@ def build(b: Builder) -> int:
         m = b.linear(g.gelu(b.linear(h, f"{p}.ffn_up")), f"{p}.ffn_down")
         x = g.add(x, g.add(a, m))
     x = b.layer_norm(g.select_outputs(x), "output_norm")
-    return b.linear(x, "output")
+    return b.lm_head(x)
 
 
 def hparams(f) -> HParams:

@@ -39,7 +39,7 @@ def build(b: Builder) -> int:
         gated = g.swiglu(g.view(up, 0, hp.n_ff), g.view(up, hp.n_ff, hp.n_ff))
         x = g.add(x, b.linear(gated, f"{p}.ffn_down"))
     x = b.rms_norm(g.select_outputs(x), "output_norm.weight")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 def features(metadata: dict) -> list[str]:

@@ -60,7 +60,7 @@ def build(b: Builder) -> int:
             x = g.add(x, a)
             x = g.add(x, b.gated_mlp(b.layer_norm(x, f"{p}.ffn_norm"), p))
     x = b.layer_norm(g.select_outputs(x), "output_norm")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 def hparams(f) -> HParams:

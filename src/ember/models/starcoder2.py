@@ -27,7 +27,7 @@ def build(b: Builder) -> int:
         h = b.layer_norm(x, f"{p}.ffn_norm")
         x = g.add(x, b.linear(g.gelu(b.linear(h, f"{p}.ffn_up")), f"{p}.ffn_down"))
     x = b.layer_norm(g.select_outputs(x), "output_norm")
-    return g.matmul(b.output_weight(), x)
+    return b.lm_head(x)
 
 
 def hparams(f) -> HParams:
