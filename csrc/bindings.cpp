@@ -145,12 +145,14 @@ class PyGraph {
     return graph_.add_node(Op::Rope, t.ne0, t.ne1, {x, factors}, p);
   }
   int32_t attention(int32_t q, int32_t k, int32_t v, int32_t n_head, int32_t n_kv_head, int32_t head_dim,
-                    float scale, int32_t window, float softcap, bool causal) {
+                    float scale, int32_t window, float softcap, bool causal, float alibi_max_bias) {
     const Tensor &tq = token_rows(q), &tk = token_rows(k), &tv = token_rows(v);
     if (n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head)
       throw std::invalid_argument("attention: bad head counts");
     if (tq.ne0 != int64_t(n_head) * head_dim || tk.ne0 != int64_t(n_kv_head) * head_dim || tv.ne0 != tk.ne0)
       throw std::invalid_argument("attention: q/k/v widths do not match the head counts");
+    if (!(alibi_max_bias >= 0.0f) || !std::isfinite(alibi_max_bias))
+      throw std::invalid_argument("attention: alibi_max_bias must be finite and >= 0");
     AttentionParams p;
     p.n_head = n_head;
     p.n_kv_head = n_kv_head;
@@ -159,6 +161,7 @@ class PyGraph {
     p.scale = scale;
     p.softcap = softcap;
     p.causal = causal;
+    p.alibi_max_bias = alibi_max_bias;
     return graph_.add_node(Op::Attention, tq.ne0, tq.ne1, {q, k, v}, p);
   }
   // Routing (models/moe.py) and the expert matmul (ops/routing.cpp, ops/matmul_id.cpp).
@@ -578,7 +581,7 @@ NB_MODULE(_core, m) {
       .def(op_name(Op::MlaAttention), &PyGraph::mla_attention, "q"_a, "c"_a, "k_pe"_a, "k_b"_a, "v_b"_a, "n_head"_a,
            "rank"_a, "rope"_a, "nope"_a, "value"_a, "scale"_a)
       .def(op_name(Op::Attention), &PyGraph::attention, "q"_a, "k"_a, "v"_a, "n_head"_a, "n_kv_head"_a, "head_dim"_a,
-           "scale"_a, "window"_a = 0, "softcap"_a = 0.0f, "causal"_a = true)
+           "scale"_a, "window"_a = 0, "softcap"_a = 0.0f, "causal"_a = true, "alibi_max_bias"_a = 0.0f)
       .def(op_name(Op::SelectOutputs), &PyGraph::select_outputs)
       .def("view", &PyGraph::view, "x"_a, "col_offset"_a, "n_cols"_a)
       .def("reshape", &PyGraph::reshape, "x"_a, "ne0"_a)

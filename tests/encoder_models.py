@@ -67,3 +67,17 @@ def tiny_reranker_gguf() -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm_folder() / name, folder / name)
     return convert(folder, work / "reranker-f32.gguf", "f32")
+
+
+def write_encoder_gguf(path: Path, arch: str, hparams: dict, weights: dict) -> None:
+    """A tiny encoder's file laid out as llama.cpp's converter writes one: `<arch>.<key>` for each
+    of hparams, non-causal attention, and the tensors (numpy arrays in GGUF's row order)."""
+    from ember.gguf import GGUFWriter
+
+    writer = GGUFWriter(path, arch)
+    for key, value in hparams.items():
+        writer.add(f"{arch}.{key}", value)
+    writer.add(f"{arch}.attention.causal", False)
+    for name, values in weights.items():
+        writer.add_tensor(name, values)
+    writer.write()

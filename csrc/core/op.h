@@ -79,6 +79,7 @@ struct AttentionParams {
   float scale = 1.0f;        // on q . k before the softmax
   float softcap = 0.0f;      // soft-capping of the scores; 0 = none
   bool causal = true;        // false (encoders): a token sees every position of its sequence in the batch
+  float alibi_max_bias = 0;  // ALiBi: head h's score of position j from position i gets -slope(h) |i - j|; 0 = none
   int32_t kv_layer = -1;     // the KV cache this node writes and reads (set by Graph::add_node)
 };
 

@@ -2,7 +2,10 @@
 // (sequence, position); phase 2 computes, for every (token, head), softmax(q.K^T * scale) V
 // over the positions that token may see: its own sequence, positions <= its own, and with a
 // sliding window w only the last w of them. Non-causal attention (encoders, AttentionParams::causal false) sees
-// every position of its sequence up to the last one in the batch. Grouped-query attention maps query head h to KV
+// every position of its sequence up to the last one in the batch. With ALiBi (jina-bert-v2) the
+// scaled score of position j from position i gets -slope(h) |i - j|, head h's slope as ggml's
+// (max bias b, n = n_head rounded down to a power of 2): 2^(-b (h + 1) / n) for h < n, else
+// 2^(-b (2 (h - n) + 1) / (2 n)). Grouped-query attention maps query head h to KV
 // head h / (n_head / n_kv_head) by index; nothing is copied.
 //
 // Multi-head latent attention (DeepSeek-V2/V3) caches per token only the compressed latent c
@@ -190,7 +193,16 @@ struct HeadsPass {
   int64_t key_dim, value_dim, first, pos, n_ctx;
   float scale, softcap;
   float *scores, *acc, *y;
+  const float* alibi = nullptr;  // the G heads' ALiBi slopes, or none
+  int64_t query_pos = 0;         // the query's position (ALiBi's distances)
 };
+
+// ALiBi's slope of head h of n_head (ggml's soft_max max_bias).
+float alibi_slope(int64_t h, int64_t n_head, float max_bias) {
+  const int64_t n = int64_t{1} << static_cast<int>(std::floor(std::log2(static_cast<double>(n_head))));
+  return h < n ? std::pow(2.0f, -max_bias * static_cast<float>(h + 1) / static_cast<float>(n))
+               : std::pow(2.0f, -max_bias * static_cast<float>(2 * (h - n) + 1) / static_cast<float>(2 * n));
+}
 
 // Scores over the visible positions, softmax, the weighted sum of values.
 template <int G>
@@ -202,6 +214,13 @@ void attend(const HeadsPass& p) {
     if (j + kPrefetchAhead <= p.pos) prefetch_bytes(p.keys.row(j + kPrefetchAhead), key_bytes);
     if (p.values.base != p.keys.base) prefetch_bytes(p.values.row(j), value_bytes);
     dots_f32_f16<G>(p.q, p.keys.row(j), p.key_dim, p.scores + j, p.n_ctx);
+  }
+  if (p.alibi) {  // the bias before the scale softmax_in_place applies: -slope |i - j| / scale
+    for (int g = 0; g < G; ++g) {
+      const float step = p.alibi[g] / p.scale;
+      float* s = p.scores + g * p.n_ctx;
+      for (int64_t j = p.first; j <= p.pos; ++j) s[j] -= step * static_cast<float>(std::abs(j - p.query_pos));
+    }
   }
   float inv_sum[G];
   for (int g = 0; g < G; ++g)
@@ -239,6 +258,12 @@ void attend_heads(const Node& n, const AttentionParams& a, ExecContext& ctx, KVC
   p.scores = scores;
   p.acc = acc;
   p.y = row_f32(ctx, out_tensor(ctx, n), t) + h0 * head_dim;
+  float slopes[kMaxHeads];
+  if (a.alibi_max_bias > 0.0f) {
+    for (int64_t g = 0; g < run; ++g) slopes[g] = alibi_slope(h0 + g, a.n_head, a.alibi_max_bias);
+    p.alibi = slopes;
+    p.query_pos = ctx.positions[t];
+  }
   attend_run(p, run);
 }
 

@@ -470,13 +470,16 @@ class ReferenceAttention:
     positions. A batch first writes its K/V rows at (seq, position), then every (token, head)
     attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window;
     not causal: all of 0 .. the last position of its sequence in the batch); query head h reads KV
-    head h // (n_head / n_kv_head)."""
+    head h // (n_head / n_kv_head). ALiBi (alibi_max_bias > 0): head h's scaled score of position j
+    from position i gets -slope_h |i - j|, the slopes of the ALiBi paper for max bias 8, as ggml
+    generalises them to other biases."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 round_to_f16=True, causal=True):
+                 round_to_f16=True, causal=True, alibi_max_bias=0.0):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.window, self.softcap, self.round_to_f16, self.causal = window, softcap, round_to_f16, causal
+        self.slopes = alibi_slopes(n_head, alibi_max_bias) if alibi_max_bias > 0 else np.zeros(n_head)
         self.k = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
         self.v = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
 
@@ -498,6 +501,7 @@ class ReferenceAttention:
                 scores = keys @ q[t, h * self.head_dim:(h + 1) * self.head_dim].astype(np.float64) * self.scale
                 if self.softcap > 0:
                     scores = self.softcap * np.tanh(scores / self.softcap)
+                scores = scores - self.slopes[h] * np.abs(np.arange(first, pos + 1) - positions[t])
                 p = np.exp(scores - scores.max())
                 out[t, h] = (p / p.sum()) @ values
         return out.reshape(len(q), -1)
@@ -507,15 +511,24 @@ class ReferenceAttention:
         self.v[dst, :n] = self.v[src, :n]
 
 
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """2^(-b (h + 1) / n) for the first n heads (n: n_head rounded down to a power of 2), then
+    every other slope of 2 n heads: 2^(-b (2 (h - n) + 1) / (2 n))."""
+    n = 2 ** int(math.floor(math.log2(n_head)))
+    return np.array([2.0 ** (-max_bias * (h + 1) / n) if h < n else 2.0 ** (-max_bias * (2 * (h - n) + 1) / (2 * n))
+                     for h in range(n_head)])
+
+
 class CoreAttention:
     """A graph of one attention layer over inputs q, k, v, planned for max_tokens per batch."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 max_tokens=64, n_threads=2, causal=True):
+                 max_tokens=64, n_threads=2, causal=True, alibi_max_bias=0.0):
         self.g = _core.Graph(n_threads)
         q, k, v = (self.g.input(n * head_dim) for n in (n_head, n_kv_head, n_kv_head))
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap, causal))
+        self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap, causal,
+                                           alibi_max_bias))
         self.g.plan(max_tokens, max_tokens, n_ctx, n_seq)
 
     def __call__(self, q, k, v, positions, seq_ids):
@@ -622,6 +635,26 @@ def test_non_causal_attention_sees_its_whole_sequence_and_no_other(isa):
     assert not np.allclose(out, causal, **attention_tolerance(v))
 
 
+@pytest.mark.parametrize("n_head, n_kv_head", [(4, 2), (6, 3), (5, 5)], ids=["four", "six", "five"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_alibi_penalises_distance_per_head(isa, n_head, n_kv_head, causal):
+    """ALiBi (jina-bert-v2): two sequences in one batch, head counts of and off a power of 2."""
+    lengths = (9, 24)
+    seq_ids = np.concatenate([np.full(n, s) for s, n in enumerate(lengths)])
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    core, ref = both(n_head, n_kv_head, 16, 32, n_seq=2, causal=causal, alibi_max_bias=8.0)
+    q, k, v = qkv(len(seq_ids), n_head, n_kv_head, 16, seed=n_head)
+    out, expected = both_run(core, ref, q, k, v, positions, seq_ids)
+    assert_attention_close(out, expected, v)
+    plain = ReferenceAttention(n_head, n_kv_head, 16, 32, n_seq=2, causal=causal)(q, k, v, positions, seq_ids)
+    assert not np.allclose(out, plain, **attention_tolerance(v))
+
+
+def test_alibi_slopes_are_the_papers_for_max_bias_8():
+    """The ALiBi paper's slopes for 8 heads: 1/2, 1/4, ... 1/256."""
+    np.testing.assert_allclose(alibi_slopes(8, 8.0), 0.5 ** np.arange(1, 9))
+
+
 def test_attention_logit_softcap(isa):
     core, ref = both(4, 2, 16, 64, softcap=5.0)
     q, k, v = qkv(33, 4, 2, 16, scale=3.0)  # scores well beyond the cap
@@ -720,3 +753,11 @@ def test_attention_rejects_inconsistent_head_counts(n_head, n_kv_head, head_dim,
     q, k, v = g.input(q_width), g.input(kv_width), g.input(kv_width)
     with pytest.raises(ValueError, match="attention"):
         g.attention(q, k, v, n_head, n_kv_head, head_dim, 0.25)
+
+
+@pytest.mark.parametrize("max_bias", [-1.0, float("nan"), float("inf")])
+def test_attention_rejects_a_bad_alibi_bias(max_bias):
+    g = _core.Graph(1)
+    q, k, v = g.input(32), g.input(32), g.input(32)
+    with pytest.raises(ValueError, match="alibi_max_bias"):
+        g.attention(q, k, v, 2, 2, 16, 0.25, alibi_max_bias=max_bias)

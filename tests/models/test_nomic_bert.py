@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from encoder_models import write_encoder_gguf
 
 from ember.engine.embed import Embedder
 from ember.engine.runtime import Model
-from ember.gguf import GGUFWriter
 
 N_EMBD, N_HEAD, N_FF, N_LAYER, N_VOCAB, N_CTX, ROPE_BASE, EPS = 64, 4, 96, 2, 128, 64, 1000.0, 1e-12
 HEAD_DIM = N_EMBD // N_HEAD
@@ -39,17 +39,10 @@ def random_weights(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_nomic_bert(path, weights) -> None:
-    a = "nomic-bert"
-    writer = GGUFWriter(path, a)
-    for key, value in {"block_count": N_LAYER, "context_length": N_CTX, "embedding_length": N_EMBD,
-                       "feed_forward_length": N_FF, "attention.head_count": N_HEAD,
-                       "attention.layer_norm_epsilon": EPS, "rope.freq_base": ROPE_BASE, "pooling_type": 1}.items():
-        writer.add(f"{a}.{key}", value)
-    writer.add(f"{a}.attention.causal", False)
-    writer.add(f"{a}.vocab_size", N_VOCAB)
-    for name, values in weights.items():
-        writer.add_tensor(name, values)
-    writer.write()
+    write_encoder_gguf(path, "nomic-bert", {
+        "block_count": N_LAYER, "context_length": N_CTX, "embedding_length": N_EMBD, "feed_forward_length": N_FF,
+        "attention.head_count": N_HEAD, "attention.layer_norm_epsilon": EPS, "rope.freq_base": ROPE_BASE,
+        "pooling_type": 1, "vocab_size": N_VOCAB}, weights)
 
 
 def layer_norm(x, w, b):

@@ -37,6 +37,7 @@ ARCHITECTURES = {
     "phi3": "ember.models.phi3",
     "bert": "ember.models.bert",
     "nomic-bert": "ember.models.nomic_bert",
+    "jina-bert-v2": "ember.models.jina_bert_v2",
     "glm4": "ember.models.glm4",
     "stablelm": "ember.models.stablelm",
     "deepseek": "ember.models.deepseek",

@@ -270,12 +270,14 @@ class Builder:
         return self.g.mul(x, self.constant(f"rope_mscale.{n_heads}", np.tile(head, n_heads)))
 
     def attention(self, q: int, k: int, v: int, window: int = 0, scale: float | None = None,
-                  softcap: float = 0.0, causal: bool = True) -> int:
+                  softcap: float = 0.0, causal: bool = True, alibi_max_bias: float = 0.0) -> int:
         """softmax(q k^T scale) v per head; causal: each token sees the positions up to its own,
-        else (encoders) every position of its sequence."""
+        else (encoders) every position of its sequence; alibi_max_bias > 0: ALiBi's distance
+        penalties (ops/attention.cpp) instead of rotary positions."""
         hp = self.hp
         scale = 1.0 / math.sqrt(hp.head_dim) if scale is None else scale
-        return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap, causal)
+        return self.g.attention(q, k, v, hp.n_head, hp.n_kv_head, hp.head_dim, scale, window, softcap, causal,
+                                alibi_max_bias)
 
     def gated_mlp(self, x: int, prefix: str, act: str = "silu", suffix: str = "") -> int:
         """down(act(gate(x)) * up(x)), with biases where the file has them (Llama's mlp_bias); the
