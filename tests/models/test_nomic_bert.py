@@ -112,3 +112,68 @@ def test_the_file_pools_by_mean(tiny):
     ids = list(range(10, 30))
     (embedding,) = Embedder(model, None).embed_tokens([ids])
     assert cosines(embedding.vector, reference(weights, ids).mean(0)) >= MIN_COSINE
+
+
+# -- ember convert --------------------------------------------------------------------------------
+
+HF_NAMES = {"token_embd": "embeddings.word_embeddings", "token_types": "embeddings.token_type_embeddings",
+            "token_embd_norm": "emb_ln", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_up": "mlp.fc11",
+            "ffn_gate": "mlp.fc12", "ffn_down": "mlp.fc2", "attn_output_norm": "norm1", "layer_output_norm": "norm2"}
+CONFIG = {"architectures": ["NomicBertModel"], "model_type": "nomic_bert", "activation_function": "swiglu",
+          "causal": False, "layer_norm_epsilon": EPS, "max_trained_positions": 2048, "mlp_fc1_bias": False,
+          "mlp_fc2_bias": False, "n_embd": N_EMBD, "n_head": N_HEAD, "n_inner": N_FF, "n_layer": N_LAYER,
+          "n_positions": 8192, "prenorm": False, "qkv_proj_bias": False, "rotary_emb_base": ROPE_BASE,
+          "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "rotary_emb_scale_base": None,
+          "type_vocab_size": 2, "vocab_size": N_VOCAB}
+# the keys llama.cpp's converter writes for a nomic-embed-text checkpoint (besides general.* and tokenizer.*)
+LLAMA_CPP_KEYS = {"block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                  "rope.freq_base", "attention.layer_norm_epsilon", "attention.key_length", "attention.value_length",
+                  "attention.causal"}
+
+
+def hf_name(name: str) -> str:
+    """The checkpoint's name of a GGUF tensor (encoder.layers.N.attn.Wqkv.weight, emb_ln.bias, ...)."""
+    parts = name.split(".")
+    if parts[0] == "blk":
+        return f"encoder.layers.{parts[1]}.{HF_NAMES[parts[2]]}.{parts[3]}"
+    return f"{HF_NAMES[parts[0]]}.{parts[1]}"
+
+
+def save_checkpoint(folder, weights, **config) -> None:
+    import json
+
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({hf_name(name): values for name, values in weights.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(CONFIG | config))
+
+
+def test_a_converted_checkpoint_runs_as_the_reference(tmp_path):
+    from ember.convert import convert
+
+    weights = random_weights(seed=5)
+    save_checkpoint(tmp_path / "hf", weights)
+    model = Model(convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32"), n_threads=2)
+    try:
+        meta = model.gguf.metadata
+        assert {k.removeprefix("nomic-bert.") for k in meta if k.startswith("nomic-bert.")} == LLAMA_CPP_KEYS
+        assert meta["nomic-bert.context_length"] == 2048  # nomic-embed-text's training context
+        assert set(model.gguf.tensors) == set(weights)
+        ids = list(range(7, 40))
+        (embedding,) = Embedder(model, None, pooling="none", normalize=False).embed_tokens([ids])
+        assert cosines(embedding.vector, reference(weights, ids)).min() >= MIN_COSINE
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("change", [dict(prenorm=True), dict(qkv_proj_bias=True), dict(rotary_emb_fraction=0.5),
+                                    dict(moe_every_n_layers=2), dict(n_positions=4096)])
+def test_configurations_the_graph_does_not_compute_are_refused(tmp_path, change):
+    from ember.convert import convert
+    from ember.errors import EmberError
+
+    save_checkpoint(tmp_path / "hf", random_weights(), **change)
+    with pytest.raises(EmberError, match=next(iter(change)) if "moe" not in next(iter(change)) else "experts"):
+        convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32")

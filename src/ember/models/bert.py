@@ -164,6 +164,8 @@ class Converter:
     says none and leaves it to --reranking)."""
 
     arch = "bert"
+    # the checkpoint's names: whole-model tensors, a layer's modules under `block`, the ones left out
+    global_names, layer_names, block, dropped = _GLOBAL, _LAYER, _BLOCK, _DROPPED
 
     def __init__(self, config: dict):
         self.config = config
@@ -204,15 +206,15 @@ class Converter:
             name = name[:-5] + ".bias"
         if self.classifies and name in _CLASSIFIER:
             return _CLASSIFIER[name]
-        if name.endswith(IGNORED) or name.startswith(_DROPPED):
+        if name.endswith(IGNORED) or name.startswith(self.dropped):
             return None
-        if name in _GLOBAL:
-            return _GLOBAL[name]
-        match = _BLOCK.match(name)
-        if match and match.group(2) in _LAYER:
+        if name in self.global_names:
+            return self.global_names[name]
+        match = self.block.match(name)
+        if match and match.group(2) in self.layer_names:
             layer, module, kind = match.groups()
-            return f"blk.{layer}.{_LAYER[module]}.{kind}"
-        raise EmberError(f"cannot map tensor {hf_name} to a bert GGUF tensor")
+            return f"blk.{layer}.{self.layer_names[module]}.{kind}"
+        raise EmberError(f"cannot map tensor {hf_name} to a {self.arch} GGUF tensor")
 
     def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
         return values
