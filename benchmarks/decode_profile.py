@@ -36,22 +36,28 @@ TEXT = Path(__file__).resolve().parent / "data" / "public-domain-en.txt"
 OP_GROUPS = {"rms_norm": "norms", "layer_norm": "norms", "attention": "attention", "rope": "rope",
              "get_rows": "embedding rows", "add": "elementwise", "mul": "elementwise", "scale": "elementwise",
              "silu": "elementwise", "gelu": "elementwise", "swiglu": "elementwise", "geglu": "elementwise",
-             "softcap": "elementwise"}
+             "softcap": "elementwise", "softmax": "routing", "sigmoid": "routing", "top_k": "routing",
+             "take": "routing", "sum_normalize": "routing", "weighted_sum": "routing"}
 WARMUP_STEPS = 4
 
 
 def op_group(op: str, weight_type: str) -> str:
-    return f"matmul {weight_type}" if op == "matmul" else OP_GROUPS.get(op, "other ops")
+    if op in ("matmul", "matmul_id"):
+        return f"{op} {weight_type}"
+    return OP_GROUPS.get(op, "other ops")
 
 
 def matmul_bytes_by_type(gguf) -> dict[str, int]:
-    """Bytes of the weights one decode step multiplies by, per tensor type."""
+    """Bytes of the weights one decode step multiplies by, per tensor type; of a mixture of experts'
+    stacked expert tensors (ffn_*_exps) only the expert_used_count chosen of expert_count."""
     tied = "output.weight" not in gguf.tensors
+    used = gguf.metadata.get(f"{gguf.arch}.expert_used_count", 1)
+    experts = gguf.metadata.get(f"{gguf.arch}.expert_count", 1)
     by_type = Counter()
     for name, t in gguf.tensors.items():
         if len(t.shape) < 2 or name == "position_embd.weight" or (name == "token_embd.weight" and not tied):
             continue
-        by_type[t.type.name] += t.n_bytes
+        by_type[t.type.name] += t.n_bytes * used // experts if name.endswith("_exps.weight") else t.n_bytes
     return dict(by_type)
 
 
@@ -70,6 +76,9 @@ class TimedSampler:
 
     def accept(self, token):
         self.inner.accept(token)
+
+    def __getattr__(self, name):  # the rest of the Sampler's interface (finished, ...)
+        return getattr(self.inner, name)
 
 
 def profile_decode(path: str, n_threads: int, prompt: list[int], n_steps: int) -> dict:
