@@ -5,12 +5,16 @@
 // x has one row per token (gate and up projections: every expert reads the token's row) or one
 // per slot t k + j (the down projection reads what its expert's gate and up made).
 //
-// The slots are first grouped by expert (a counting sort by thread 0), their activation rows
-// converted to the weight type's vec_dot_type in that order, and then each expert's rows are
-// multiplied with all of its tokens at once, with the matmul's own tile and panel loops
-// (ops/matmul.h): a batch reads each chosen expert's weights once, and a decode step reads only
-// the k experts it chose. Threads split every expert's rows, as the matmul splits its rows, so
-// each token's dot products are the ones it gets alone (the kernels are batch invariant).
+// The slots are first grouped by expert (a counting sort, which every thread does for itself),
+// their activation rows converted to the weight type's vec_dot_type in that order, and then each
+// expert's rows are multiplied with all of its tokens at once, with the matmul's own tile and
+// panel loops (ops/matmul.h): a batch reads each chosen expert's weights once, and a decode step
+// reads only the k experts it chose. Threads split every expert's rows, as the matmul splits its
+// rows, so each token's dot products are the ones it gets alone (the kernels are batch
+// invariant). An expert with one slot writes that slot's output row directly; the outputs of
+// experts with several go through a grouped buffer, copied to slot order after a barrier. So a
+// decode step, whose k experts have a slot each, waits on the other threads once, as a matmul does.
+#include <algorithm>
 #include <cstring>
 
 #include "ops/matmul.h"
@@ -54,6 +58,11 @@ void group_by_expert(const ExecContext& ctx, const Tensor& ids, int64_t n_expert
   offsets[0] = 0;
 }
 
+// The expert whose grouped positions hold p (offsets as group_by_expert leaves them).
+int64_t expert_of(const int32_t* offsets, int64_t n_experts, int32_t p) {
+  return std::upper_bound(offsets, offsets + n_experts + 1, p) - offsets - 1;
+}
+
 void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
   const Tensor &w = src_tensor(ctx, n, 0), &x = src_tensor(ctx, n, 1), &ids = src_tensor(ctx, n, 2);
   const Tensor& y = out_tensor(ctx, n);
@@ -66,14 +75,14 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
   const ExpertWork layout = expert_work(n_experts, ctx.graph->max_rows(ids) * k, K, N, act_type,
                                         tk.gemm_panel && !dequantized, dequantized, ctx.graph->n_threads());
   uint8_t* work = ctx.arena + n.work_offset;
-  int32_t* offsets = reinterpret_cast<int32_t*>(work + layout.offsets);
-  int32_t* order = reinterpret_cast<int32_t*>(work + layout.order);
-  int32_t* position = reinterpret_cast<int32_t*>(work + layout.position);
+  uint8_t* mine_group = work + static_cast<size_t>(ith) * layout.group_stride;
+  int32_t* offsets = reinterpret_cast<int32_t*>(mine_group + layout.offsets);
+  int32_t* order = reinterpret_cast<int32_t*>(mine_group + layout.order);
+  int32_t* position = reinterpret_cast<int32_t*>(mine_group + layout.position);
   uint8_t* act = work + layout.act;
   float* grouped = reinterpret_cast<float*>(work + layout.out);
 
-  if (ith == 0) group_by_expert(ctx, ids, n_experts, k, offsets, order, position);
-  ctx.barrier();
+  group_by_expert(ctx, ids, n_experts, k, offsets, order, position);
 
   // Each grouped row converted to the activation format; the threads share the rows' blocks.
   const int64_t n_grouped = offsets[n_experts];
@@ -112,12 +121,14 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
   const size_t expert_bytes = static_cast<size_t>(N) * w.row_stride;
   const Range rows = row_tiles(N, ith, nth);
   int64_t first_panel = 0;
+  bool any_grouped = false;  // an expert with several slots, whose outputs need reordering
   for (int64_t e = 0; e < n_experts; ++e) {
     const int64_t M = offsets[e + 1] - offsets[e];
     if (M == 0) continue;
+    any_grouped |= M > 1;
     const uint8_t* we = weights + e * expert_bytes;
     const uint8_t* ae = act + offsets[e] * layout.act_stride;
-    float* oe = grouped + offsets[e] * N;
+    float* oe = M == 1 ? row_f32(ctx, y, order[offsets[e]]) : grouped + offsets[e] * N;
     if (dequantized) {
       float* rows_f32 = reinterpret_cast<float*>(work + layout.f32_rows + ith * align_up(kDequantRows * K * sizeof(float)));
       matmul_float_rows(*ctx.kernels, w.type, K, we, w.row_stride, rows, ae, layout.act_stride, M, oe, N, rows_f32);
@@ -128,16 +139,18 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
       matmul_tiles(tk, K, we, w.row_stride, rows, ae, layout.act_stride, M, oe, N);
     }
   }
-  ctx.barrier();
 
-  // Back to slot order.
+  // Zeros for the invalid slots; then, where experts had several slots, their rows in slot order.
   const Range mine = split(slots, ith, nth);
+  for (int64_t s = mine.begin; s < mine.end; ++s)
+    if (position[s] < 0) std::fill(row_f32(ctx, y, s), row_f32(ctx, y, s) + N, 0.0f);
+  if (!any_grouped) return;
+  ctx.barrier();
   for (int64_t s = mine.begin; s < mine.end; ++s) {
-    float* dst = row_f32(ctx, y, s);
-    if (position[s] < 0)
-      std::fill(dst, dst + N, 0.0f);
-    else
-      std::memcpy(dst, grouped + static_cast<int64_t>(position[s]) * N, N * sizeof(float));
+    const int32_t p = position[s];
+    if (p < 0) continue;
+    const int64_t e = expert_of(offsets, n_experts, p);
+    if (offsets[e + 1] - offsets[e] > 1) std::memcpy(row_f32(ctx, y, s), grouped + static_cast<int64_t>(p) * N, N * sizeof(float));
   }
 }
 

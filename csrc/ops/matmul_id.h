@@ -9,9 +9,11 @@
 namespace ember {
 
 struct ExpertWork {
+  // Per thread (each groups the slots itself), group_stride bytes apart:
   size_t offsets = 0;  // int32 [n_experts + 1]: where each expert's slots start in the grouped order
   size_t order = 0;    // int32 [slots]: grouped position -> slot (token t, choice j: slot t k + j)
   size_t position = 0; // int32 [slots]: slot -> grouped position, -1 for an invalid expert id
+  size_t group_stride = 0;
   size_t act = 0;      // the slots' activation rows in grouped order, act_stride bytes apart
   size_t panels = 0;   // panels of each expert with enough tokens (panel_bytes(K) each)
   size_t out = 0;      // F32 [slots][N]: results in grouped order
@@ -33,6 +35,8 @@ inline ExpertWork expert_work(int64_t n_experts, int64_t slots, int64_t K, int64
   w.offsets = take(static_cast<size_t>(n_experts + 1) * sizeof(int32_t));
   w.order = take(static_cast<size_t>(slots) * sizeof(int32_t));
   w.position = take(static_cast<size_t>(slots) * sizeof(int32_t));
+  w.group_stride = at;
+  at *= static_cast<size_t>(n_threads);
   w.act_stride = align_up(row_bytes(act_type, K));
   w.act = take(static_cast<size_t>(slots) * w.act_stride);
   // Each expert's panels start a new panel: at most slots / kPanelTokens + one partial per expert.
