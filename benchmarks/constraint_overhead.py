@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from runner import print_and_record
 from server_concurrency import PROMPTS, client, end_of_generation_ids, start_server
 
 SCHEMA = {
@@ -217,11 +218,7 @@ def main() -> None:
         results[model] = batch1(model, args.tokens, args.repeat)
         results[model]["server"] = server(model, args.streams, args.tokens, max(3, args.repeat // 2))
         print(json.dumps({model: results[model]}), flush=True)
-    text = report(args, results)
-    print(text)
-    if args.record:
-        with open(args.record, "w") as f:
-            f.write(text)
+    print_and_record(report(args, results), args.record)
 
 
 if __name__ == "__main__":

@@ -29,14 +29,14 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
+from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, run_at_once, start_server, stream
 
 from ember.server.ray import REPLICA_HEADER, SESSION_HEADER
 from ember.sysinfo import cpu_name
@@ -45,14 +45,8 @@ from ember.sysinfo import cpu_name
 def aggregate_speed(urls: list[str], n_clients: int, n_tokens: int, banned: list[int]) -> float:
     """Generated tokens per second of wall time, n_clients streams at once spread over urls."""
     counts = [0] * n_clients
-    threads = [threading.Thread(target=stream, args=(urls[i % len(urls)], PROMPTS[i % len(PROMPTS)], n_tokens,
-                                                     banned, counts, i)) for i in range(n_clients)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - start
+    seconds = run_at_once([partial(stream, urls[i % len(urls)], PROMPTS[i % len(PROMPTS)], n_tokens, banned, counts, i)
+                           for i in range(n_clients)])
     if counts != [n_tokens] * n_clients:
         raise SystemExit(f"expected {n_tokens} tokens per stream, got {counts}")
     return sum(counts) / seconds

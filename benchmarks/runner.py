@@ -108,3 +108,11 @@ def machine_summary() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+
+
+def print_and_record(text: str, record: str | None) -> None:
+    """Print a script's report, and write it to the file --record names too."""
+    print(text)
+    if record:
+        with open(record, "w") as f:
+            f.write(text)

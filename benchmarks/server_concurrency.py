@@ -34,8 +34,10 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 
 import httpx
+from runner import print_and_record
 
 PROMPTS = ["Once upon a time, in a small village,", "The history of the Roman empire", "Here is a recipe for bread:",
            "The best advice I ever got was", "In the year 2100, cities", "A letter to my younger self:",
@@ -48,24 +50,43 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, parallel: int, threads: int | None, n_ctx: int):
+def launch_server(name: str, command_on_port) -> tuple[subprocess.Popen, str]:
+    """Start command_on_port(port) on a free port of 127.0.0.1 and wait until GET /health
+    answers 200 (two minutes at most); the process and its URL. name is for the errors."""
     port = free_port()
-    command = [sys.executable, "-m", "ember", "serve", "-m", model, "--port", str(port), "--parallel", str(parallel),
-               "-c", str(n_ctx)] + (["-t", str(threads)] if threads else [])
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command_on_port(port), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):
         if process.poll() is not None:
             log.seek(0)
-            raise SystemExit(f"ember serve exited:\n{log.read().decode(errors='replace')}")
+            raise SystemExit(f"{name} exited:\n{log.read().decode(errors='replace')[-4000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return process, url
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     process.kill()
-    raise SystemExit("ember serve did not start")
+    raise SystemExit(f"{name} did not start")
+
+
+def start_server(model: str, parallel: int, threads: int | None, n_ctx: int):
+    return launch_server("ember serve", lambda port: [
+        sys.executable, "-m", "ember", "serve", "-m", model, "--port", str(port), "--parallel", str(parallel),
+        "-c", str(n_ctx)] + (["-t", str(threads)] if threads else []))
+
+
+def run_at_once(targets) -> float:
+    """Call every function of targets on a thread of its own, all at once; wall seconds until
+    the last returns."""
+    threads = [threading.Thread(target=target) for target in targets]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
 
 
 def end_of_generation_ids(model: str) -> list[int]:
@@ -106,14 +127,8 @@ def stream(url: str, prompt: str, n_tokens: int, banned: list[int], out: list, i
 def aggregate_speed(url: str, n_streams: int, n_tokens: int, banned: list[int]) -> float:
     """Generated tokens per second of wall time with n_streams at once."""
     counts = [0] * n_streams
-    threads = [threading.Thread(target=stream, args=(url, PROMPTS[i % len(PROMPTS)], n_tokens, banned, counts, i))
-               for i in range(n_streams)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - start
+    seconds = run_at_once([partial(stream, url, PROMPTS[i % len(PROMPTS)], n_tokens, banned, counts, i)
+                           for i in range(n_streams)])
     if counts != [n_tokens] * n_streams:
         raise SystemExit(f"expected {n_tokens} tokens per stream, got {counts}")
     return sum(counts) / seconds
@@ -123,8 +138,9 @@ def decode_step_times(model_name: str, counts: list[int], threads: int | None, n
                       repeat: int = 30) -> dict[int, tuple[float, float]]:
     """Median (wall, CPU) seconds of one Model.decode_batch step of each batch size."""
     from ember.engine.runtime import Model
+    from ember.hub import resolve_model
 
-    model = Model(model_name, n_ctx=n_ctx, n_seq=max(counts), n_threads=threads)
+    model = Model(resolve_model(model_name), n_ctx=n_ctx, n_seq=max(counts), n_threads=threads)
     prompt = list(range(100, 116))
     for seq in range(max(counts)):
         model.eval(prompt, seq=seq)
@@ -194,11 +210,7 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait()
-    text = report(args, speeds, steps)
-    print(text)
-    if args.record:
-        with open(args.record, "w") as f:
-            f.write(text)
+    print_and_record(report(args, speeds, steps), args.record)
 
 
 if __name__ == "__main__":

@@ -23,39 +23,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import tempfile
-import threading
 import time
+from functools import partial
 
-import httpx
 
-from runner import ember_version, llama_binary, llama_version, machine_summary
-from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server
+from runner import ember_version, llama_binary, llama_version, machine_summary, print_and_record
+from server_concurrency import PROMPTS, client, end_of_generation_ids, launch_server, run_at_once, start_server
 
 ENGINES = ("ember", "llama.cpp")
 
 
 def start_llama_server(path: str, parallel: int, threads: int, n_ctx: int):
-    port = free_port()
-    command = [llama_binary("llama-server"), "-m", path, "--host", "127.0.0.1", "--port", str(port),
-               "--parallel", str(parallel), "-cb", "-c", str(parallel * n_ctx), "-t", str(threads),
-               "--no-webui"]
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if process.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"llama-server exited:\n{log.read().decode(errors='replace')[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise SystemExit("llama-server did not start")
+    return launch_server("llama-server", lambda port: [
+        llama_binary("llama-server"), "-m", path, "--host", "127.0.0.1", "--port", str(port),
+        "--parallel", str(parallel), "-cb", "-c", str(parallel * n_ctx), "-t", str(threads), "--no-webui"])
 
 
 def stream(url: str, prompt: str, n_tokens: int, banned: list[int], out: list, index: int) -> None:
@@ -86,14 +67,8 @@ def one_load(url: str, n_streams: int, n_tokens: int, banned: list[int]) -> tupl
     """n_streams completions at once: aggregate tokens per second, each stream's time to first
     token, and the fewest tokens a stream gave."""
     results: list = [None] * n_streams
-    threads = [threading.Thread(target=stream, args=(url, PROMPTS[i % len(PROMPTS)] + f" ({i})", n_tokens,
-                                                     banned, results, i)) for i in range(n_streams)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - start
+    seconds = run_at_once([partial(stream, url, PROMPTS[i % len(PROMPTS)] + f" ({i})", n_tokens, banned, results, i)
+                           for i in range(n_streams)])
     if any(r is None or r[1] is None for r in results):
         raise SystemExit(f"a stream gave no text: {results}")
     return sum(r[0] for r in results) / seconds, [r[1] for r in results], min(r[0] for r in results)
@@ -167,11 +142,7 @@ def main() -> None:
         for process, _ in servers.values():
             process.terminate()
             process.wait()
-    text = report(args, path, speeds, firsts, fewest)
-    print(text)
-    if args.record:
-        with open(args.record, "w") as f:
-            f.write(text)
+    print_and_record(report(args, path, speeds, firsts, fewest), args.record)
 
 
 if __name__ == "__main__":
