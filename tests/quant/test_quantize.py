@@ -2,13 +2,15 @@
 llama.cpp's, the command end to end, and its errors.
 
 Oracles: the `gguf` package's quantizers (Q4_0 ... Q8_0, bit for bit); llama.cpp's llama-quantize
-(K-quant blocks, each preset's tensor types and whole output files, recorded as sha256 digests by
-fixtures/make_quantize_fixtures.py in fixtures/quantize-<model>.json); for the quantized file run
-by ember, the original model's logits.
+(K-quant and IQ4_NL/IQ4_XS blocks, each preset's tensor types and whole output files, recorded as
+sha256 digests by fixtures/make_quantize_fixtures.py in fixtures/quantize-<model>.json): ember's
+quantized bytes must equal llama-quantize's; for the quantized files run by ember, transformers on
+the same file and the original model's logits.
 """
 
 import hashlib
 import json
+from collections import Counter
 import os
 import resource
 import signal
@@ -37,7 +39,9 @@ from quantize_edge_rows import with_edge_rows
 
 T = GGMLType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-K_QUANTS = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K, "Q6_K": T.Q6_K}  # --pure preset -> type
+# --pure preset -> type: the types whose blocks the fixture records from llama-quantize
+PURE = {"Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "Q4_K_S": T.Q4_K, "Q5_K_S": T.Q5_K, "Q6_K": T.Q6_K, "IQ4_NL": T.IQ4_NL,
+        "IQ4_XS": T.IQ4_XS}
 SRC = ember_root()
 
 
@@ -79,10 +83,13 @@ def test_legacy_blocks_equal_the_gguf_package(isa, t, name, rows):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("preset", list(K_QUANTS))
-def test_k_quant_blocks_equal_llama_quantize(isa, preset):
+@pytest.mark.parametrize("preset", list(PURE))
+def test_blocks_equal_llama_quantize(isa, preset):
+    """The same bytes as llama-quantize --pure (for IQ4_NL and IQ4_XS: without an importance
+    matrix, as llama-quantize runs when given none) on three ffn_down tensors, one with the
+    constructed edge rows of quantize_edge_rows.py."""
     for name, expected in fixture("smollm2-135m")["blocks"][preset].items():
-        t = K_QUANTS[preset]
+        t = PURE[preset]
         assert expected["type"] == t.name
         ours = _core.quantize_rows(int(t), smollm_f32(name), 2)
         assert hashlib.sha256(ours.tobytes()).hexdigest() == expected["sha256"], name
@@ -92,14 +99,18 @@ def test_k_quant_blocks_equal_llama_quantize(isa, preset):
 def test_k_quant_error_shrinks_with_bits_and_beats_legacy_types():
     # the registry weights sit on Q4_1's grid, which favours some types; a blend of layers does not
     x = sum(np.float32(c) * smollm_f32(f"blk.{i}.ffn_down.weight") for i, c in [(2, 1.0), (3, 0.7), (4, 0.3)])
-    err = {t: rel_rmse(t, x) for t in [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]}
+    err = {t: rel_rmse(t, x) for t in [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0, T.IQ4_NL,
+                                       T.IQ4_XS]}
     assert err[T.Q2_K] > err[T.Q3_K] > err[T.Q4_K] > err[T.Q5_K] > err[T.Q6_K] > err[T.Q8_0]
     assert err[T.Q4_K] < err[T.Q4_0] and err[T.Q5_K] < err[T.Q5_0]
+    # the non-linear 4-bit levels beat Q4_0's even steps; IQ4_XS's 6-bit sub-block scales cost little
+    assert err[T.Q3_K] > err[T.IQ4_XS] > err[T.Q5_0] and err[T.Q3_K] > err[T.IQ4_NL] > err[T.Q5_0]
+    assert err[T.IQ4_NL] < err[T.Q4_0] and err[T.IQ4_XS] < err[T.Q4_0]
 
 
 def test_blocks_do_not_depend_on_the_thread_count():
     x = with_edge_rows(np.arange(40 * 1536, dtype=np.float32).reshape(40, 1536) % 97 / 13 - 3)
-    for t in [T.Q4_K, T.Q5_0]:
+    for t in [T.Q4_K, T.Q5_0, T.IQ4_XS]:
         one = _core.quantize_rows(int(t), x, 1)
         assert np.array_equal(_core.quantize_rows(int(t), x, 3), one)
         assert np.array_equal(_core.quantize_rows(int(t), x, 64), one)
@@ -211,6 +222,46 @@ def test_k_quant_mix_file_equals_llama_quantize(tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.slow
+def test_iq4_xs_file_equals_llama_quantize(smollm_iq4_xs):
+    """IQ4_XS on smollm2 (rows of 576 fall back to IQ4_NL, ffn_down of the first 3 layers gets
+    Q5_K, the tied embedding Q8_0): the file llama-quantize --allow-requantize writes."""
+    assert sha256_of(smollm_iq4_xs) == fixture("smollm2-135m")["files"]["IQ4_XS"]
+
+
+@pytest.fixture(scope="module")
+def smollm_iq4_xs(tmp_path_factory):
+    from ember.hub import resolve_model
+
+    out = tmp_path_factory.mktemp("quantize") / "smollm2-iq4_xs.gguf"
+    quantize_file(resolve_model("smollm2-135m"), out, "IQ4_XS", n_threads=2, allow_requantize=True)
+    return out
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_iq4_file_runs_in_ember_like_transformers(smollm_iq4_xs):
+    """The IQ4_XS file (IQ4_XS, IQ4_NL, Q5_K and Q8_0 weights) run by ember against transformers
+    loading the same file (dequantized by the gguf package), at each of 64 positions of
+    test_registry_models's text: with 8-bit activations every cosine >= 0.99 and the same top-1
+    token where transformers' margin is clear (the registry models' bar); with float activations
+    (the weights dequantized by ember's kernels) every cosine >= 0.9999."""
+    pytest.importorskip("transformers")
+    from models.test_registry_models import MARGINS, cosines, transformers_logits
+
+    from ember.engine.runtime import Model
+
+    ids, reference = transformers_logits(smollm_iq4_xs)
+    quantized = Model(smollm_iq4_xs, n_ctx=128, n_threads=2).eval(ids, logits="all")
+    assert cosines(reference, quantized).min() >= 0.99
+    top2 = np.sort(reference, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= MARGINS["smollm2-135m"]
+    assert np.array_equal(quantized.argmax(1)[clear], reference.argmax(1)[clear])
+    unrounded = Model(smollm_iq4_xs, n_ctx=128, n_threads=2, activations="f32").eval(ids, logits="all")
+    assert cosines(reference, unrounded).min() >= 0.9999
+
+
+@pytest.mark.model
 def test_cli_output_runs_in_ember_like_the_original(smollm_q8_0):
     """The Q8_0 file, run by ember, at each of 64 positions of test_registry_models's text: against
     transformers on the same file, every cosine >= 0.99 and the same top-1 token where
@@ -262,6 +313,31 @@ def tiny_model(path, matrix_type=T.F32):
 def run_cli(argv, capsys):
     code = main(argv)
     return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("preset, file_type", [("IQ4_NL", 25), ("IQ4_XS", 30)])
+def test_iq4_presets_write_blocks_the_gguf_package_reads(tmp_path, capsys, preset, file_type):
+    """An IQ4 file as the gguf package reads it: llama.cpp's file type, and each tensor's bytes
+    dequantizing (by gguf.quants) to the source within the 4-bit levels' error; `ember info`
+    names the file type and counts the tensor types as gguf.GGUFReader does."""
+    import gguf
+
+    source = tiny_model(tmp_path / "in.gguf")
+    out = tmp_path / "out.gguf"
+    assert main(["quantize", str(source), str(out), preset]) == 0
+    reader = gguf.GGUFReader(out)
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == file_type
+    with open_gguf(source) as original:
+        for tensor in reader.tensors:
+            x = dequantize_tensor(original.tensors[tensor.name])
+            back = gguf_quants.dequantize(tensor.data, tensor.tensor_type).reshape(x.shape)
+            assert np.sqrt(((back - x) ** 2).mean() / (x ** 2).mean()) < 0.12, tensor.name
+    counts = Counter(t.tensor_type.name for t in reader.tensors)
+    assert counts[preset] >= 2
+    capsys.readouterr()
+    assert main(["info", str(out), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["model"]
+    assert facts["file_type"] == preset and facts["tensor_types"] == dict(counts)
 
 
 def test_progress_reaches_every_converted_value(tmp_path):

@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("type", help="Q4_0 Q4_1 Q8_0 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S "
-                                "Q5_K_M Q6_K (llama-quantize's presets)")
+                                "Q5_K_M Q6_K IQ4_NL IQ4_XS (llama-quantize's presets)")
     p.add_argument("-t", "--threads", type=_positive_int, default=None, help="threads (default: physical cores)")
     p.add_argument("--allow-requantize", action="store_true", help="requantize already quantized tensors")
 

@@ -5,7 +5,9 @@ of llama.cpp's `llama_tensor_get_type` then give some tensors more bits (attn_v 
 the first, last and every third layer for the *_K_M presets; output.weight, or token_embd.weight
 when the output shares it, Q6_K) and fall back to a 32-block type where a row does not divide
 into 256-value super-blocks. Tensors with one dimension, norms and a few small tables keep their
-type. Only what matters for the presets below is reproduced (no importance matrix, no IQ types).
+type. Only what matters for the presets below is reproduced: no importance matrix, and of the IQ
+types the two that need none, IQ4_NL and IQ4_XS (with the rules llama.cpp applies when it has no
+importance matrix).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("Q5_0", 8, T.Q5_0), Preset("Q5_1", 9, T.Q5_1), Preset("Q2_K", 10, T.Q2_K),
     Preset("Q3_K_S", 11, T.Q3_K), Preset("Q3_K_M", 12, T.Q3_K), Preset("Q3_K_L", 13, T.Q3_K),
     Preset("Q4_K_S", 14, T.Q4_K), Preset("Q4_K_M", 15, T.Q4_K), Preset("Q5_K_S", 16, T.Q5_K),
-    Preset("Q5_K_M", 17, T.Q5_K), Preset("Q6_K", 18, T.Q6_K),
+    Preset("Q5_K_M", 17, T.Q5_K), Preset("Q6_K", 18, T.Q6_K), Preset("IQ4_NL", 25, T.IQ4_NL),
+    Preset("IQ4_XS", 30, T.IQ4_XS),
 ]}
+_IQ4 = ("IQ4_NL", "IQ4_XS")
 
 
 def preset_by_name(name: str) -> Preset:
@@ -137,7 +141,7 @@ class _Rules:
             if falcon:
                 return T.Q4_K if p == "Q3_K_L" else new
             if m.n_expert == 8:
-                return T.Q5_K if p in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else new
+                return T.Q5_K if p in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", *_IQ4) else new
             return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(p, new)
         return new
 
@@ -149,6 +153,8 @@ class _Rules:
         elif p == "Q3_K_M":
             new = T.Q5_K if i < 2 else T.Q4_K
         elif p == "Q3_K_L":
+            new = T.Q5_K
+        elif p in _IQ4 and m.n_gqa >= 4:
             new = T.Q5_K
         elif p in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, self.n_attn_v):
             new = T.Q6_K
@@ -178,6 +184,8 @@ class _Rules:
             if falcon:
                 return T.Q6_K if i < n // 16 else T.Q5_K if _use_more_bits(i, n) else T.Q4_K
             return T.Q6_K if _use_more_bits(i, n) else new
+        if p in _IQ4 and i < n // 8:  # llama.cpp's rule without an importance matrix
+            return T.Q5_K
         if p == "Q5_K_M" and _use_more_bits(i, n):
             return T.Q6_K
         if p == "Q4_K_S" and not falcon and i < n // 8:
@@ -186,7 +194,7 @@ class _Rules:
 
 
 # Where a row does not divide into the chosen type's blocks (llama.cpp's tensor_type_fallback).
-_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 
 
 def _fit_rows(ne0: int, new: GGMLType) -> GGMLType:

@@ -40,7 +40,7 @@ T = GGMLType
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION: the block layouts written here
 # Tensor types the core can read back to F32 (the sources a tensor can be quantized from).
 SOURCE_TYPES = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K,
-                T.Q5_K, T.Q6_K}
+                T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS}
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
 QUANTIZATION_VERSION_KEY, FILE_TYPE_KEY = "general.quantization_version", "general.file_type"
 _SLAB_VALUES = 1 << 22  # values converted per call into the core: bounds memory, feeds the bar
