@@ -76,3 +76,38 @@ def gemma4_metadata() -> dict:
     meta.pop("tokenizer.ggml.scores", None)
     meta.pop("tokenizer.ggml.pre", None)
     return meta
+
+
+def qwen2_vocab_as(pre: str) -> dict:
+    """Qwen2.5's byte-level BPE vocabulary and merges under another pre-tokenizer."""
+    return {**metadata("qwen2.5-coder-0.5b"), "tokenizer.ggml.pre": pre}
+
+
+def digits_vocab_metadata(pre: str) -> dict:
+    """A byte-level BPE vocabulary in which digit groups merge (every 2- and 3-digit string is a
+    token, built left to right) and a letter merges with a following digit (a1 ... z9, before any
+    digit merge): token ids then show where a pre-tokenizer cuts runs of digits and what it joins
+    to them. GPT-2's 256
+    byte characters first; pre is tokenizer.ggml.pre."""
+    from ember.tokenizer.tokenizer import _byte_level_alphabet
+
+    tokens = sorted(_byte_level_alphabet(), key=_byte_level_alphabet().get)
+    merges = []
+    digits = "0123456789"
+    for letter in "abcdefghijklmnopqrstuvwxyz":  # first: they outrank the digit merges
+        for d in digits:
+            merges.append(f"{letter} {d}")
+            tokens.append(letter + d)
+    for a in digits:
+        for b in digits:
+            merges.append(f"{a} {b}")
+            tokens.append(a + b)
+    for a in digits:
+        for b in digits:
+            for c in digits:
+                merges.append(f"{a}{b} {c}")
+                tokens.append(a + b + c)
+    return {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": np.ones(len(tokens), np.int32),
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.add_bos_token": False}

@@ -56,6 +56,17 @@ _UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]
 _EXAONE_MOE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
                r"|\s*[\r\n]|\s+(?!\S)|\s+")
 _LINES = "[^\n]+|[\n]+"
+# llama.cpp's digit grouping (its own code for AFMoE and Tiny Aya): a run of numbers splits into
+# groups of 3 from the right, and the text before the run joins the run's first group
+_GROUPED_DIGITS = r"\P{N}*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+# Tiny Aya's words as llama.cpp matches them: its regex's cased classes (\p{Lu}, \p{Ll}, ...) are
+# all one class of letters there
+_TINY_AYA = (_GROUPED_DIGITS, r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:" + _CONTRACTIONS + r")?|\p{N}{1,3}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_AFMOE_SCRIPTS = "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+"
+_AFMOE = (_GROUPED_DIGITS, _AFMOE_SCRIPTS, _DEEPSEEK3[2])
+# SuperBPE: number runs, then ASCII digit runs cut into groups of 3 from the right
+_SUPERBPE = (r"\p{N}+", r"[0-9]{1,3}(?=(?:[0-9]{3})*(?![0-9]))")
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _DEEPSEEK_LLM_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 _DEEPSEEK_LLM_LETTERS = (
@@ -207,16 +218,16 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
         r"\p{N}",
     ), clean_spaces=False),
     "deepseek-v3": _DEEPSEEK3_STYLE,
+    "tiny_aya": PreTokenizer(_TINY_AYA, clean_spaces=False),
+    "cohere2moe": PreTokenizer(_TINY_AYA, clean_spaces=False),
+    "afmoe": PreTokenizer(_AFMOE, clean_spaces=False),
+    "superbpe": PreTokenizer(_SUPERBPE, clean_spaces=False),
 }
 
 
 # Names llama.cpp knows whose splitting is its own code, not a regex ember can run the same way.
 UNSUPPORTED = {
     "kimi-k2": "Kimi K2's tokenizer (no BPE merges, \\p{Han} runs)",
-    "afmoe": "AFMoE's digit grouping",
-    "superbpe": "SuperBPE's digit grouping by empty matches",
-    "tiny_aya": "Tiny Aya's digit grouping",
-    "cohere2moe": "Tiny Aya's digit grouping",
     "whitespace": "the whitespace tokenizer",
 }
 
