@@ -2,7 +2,8 @@
 the 4-stream server.
 
     python benchmarks/constraint_overhead.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m]
-                                             [--tokens 96] [--repeat 5] [--streams 4] [--record FILE]
+                                             [--tokens 96] [--repeat 5] [--streams 4] [--server-rounds N]
+                                             [--only batch1,server] [--record FILE]
 
 Batch 1 (`LLM.generation`, in this process): the same prompt decoded --tokens tokens without a
 constraint (end-of-generation tokens banned, so it runs to the limit) and under a JSON schema
@@ -35,9 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import threading
 import time
 
@@ -45,6 +44,8 @@ import numpy as np
 
 from runner import print_and_record
 from server_concurrency import PROMPTS, client, end_of_generation_ids, start_server
+
+from ember.sysinfo import cpu_name
 
 SCHEMA = {
     "type": "array", "minItems": 200,
@@ -170,33 +171,26 @@ def server(model: str, streams: int, tokens: int, repeat: int) -> dict:
     return compared(plain, constrained)
 
 
-def cpu_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def report(args, results: dict) -> str:
     lines = ["# JSON-schema constraint: per-token cost against unconstrained decoding", "",
              f"- CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; load average at the start {args.load:.1f}",
              f"- {args.tokens} generated tokens per run, median of {args.repeat} alternating rounds (server: "
-             f"{max(3, args.repeat // 2)}); slower: constrained / unconstrained per token, the median of the paired rounds",
+             f"{args.server_rounds}); slower: constrained / unconstrained per token, the median of the paired rounds",
              "", "| model (vocabulary) | vocabulary to llguidance | mask work ms/token | decode | wall ms/token "
              "(plain → constrained) | slower | CPU ms/token (plain → constrained) | slower |",
              "|---|---:|---:|---|---:|---:|---:|---:|"]
     for model, r in results.items():
-        first = f"{model} ({r['n_vocab']:,})"
+        first = f"{model} ({r['n_vocab']:,})" if "n_vocab" in r else model
         for setting, key in (("batch 1, greedy", "greedy"), ("batch 1, greedy, mask on a worker thread",
                                                                "greedy, mask on a worker thread"),
                              ("batch 1, sampled", "sampled"), ("batch 1, sampled, mask on a worker thread",
                                                                "sampled, mask on a worker thread"),
                              (f"{args.streams}-stream server, greedy", "server")):
+            if key not in r:  # not measured (--only)
+                continue
             w, c = r[key]["wall"], r[key]["cpu"]
-            head = f"| {first} | {r['vocabulary_s']:.2f} s | {r['mask_ms']:.2f} " if first else "| | | "
+            head = (f"| {first} | {r['vocabulary_s']:.2f} s | {r['mask_ms']:.2f} " if "mask_ms" in r else
+                    f"| {first} | – | – ") if first else "| | | "
             lines.append(f"{head}| {setting} | {w['plain_ms']:.2f} → {w['constrained_ms']:.2f} | "
                          f"{(w['ratio'] - 1) * 100:+.1f}% | {c['plain_ms']:.2f} → {c['constrained_ms']:.2f} | "
                          f"{(c['ratio'] - 1) * 100:+.1f}% |")
@@ -210,13 +204,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--server-rounds", type=int, default=None, help="server rounds (default: --repeat / 2, >= 3)")
+    parser.add_argument("--only", default="batch1,server", help="what to measure: batch1, server or both")
     parser.add_argument("--record", default=None, help="also write the report (markdown) to this file")
     args = parser.parse_args()
+    parts = set(args.only.split(","))
+    if not parts or parts - {"batch1", "server"}:
+        parser.error(f"--only takes batch1 and/or server, not {args.only!r}")
+    args.server_rounds = args.server_rounds or max(3, args.repeat // 2)
     args.load = os.getloadavg()[0]
     results = {}
     for model in args.models.split(","):
-        results[model] = batch1(model, args.tokens, args.repeat)
-        results[model]["server"] = server(model, args.streams, args.tokens, max(3, args.repeat // 2))
+        results[model] = batch1(model, args.tokens, args.repeat) if "batch1" in parts else {}
+        if "server" in parts:
+            results[model]["server"] = server(model, args.streams, args.tokens, args.server_rounds)
         print(json.dumps({model: results[model]}), flush=True)
     print_and_record(report(args, results), args.record)
 
