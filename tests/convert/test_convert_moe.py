@@ -2,7 +2,8 @@
 checkpoint's one matrix per expert stacked into the 3-D blk.N.ffn_{gate,up,down}_exps, the routers
 kept F32, the expert keys written. Oracles: the `gguf` package (its reader and llama.cpp's tensor
 name map) and the safetensors package; llama.cpp's own converter is compared on the same models
-in the architectures' tests (tests/models/parity.py, where EMBER_LLAMA_CPP names a llama.cpp source tree).
+in the architectures' tests (tests/models/parity.py: its recorded output always, the converter
+itself where EMBER_LLAMA_CPP names a llama.cpp source tree).
 """
 
 from __future__ import annotations

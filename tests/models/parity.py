@@ -23,9 +23,12 @@ weights the file holds (dequantized by the gguf package): cosines >= 0.99, and t
 top-1 token wherever its top-2 margin is clear (QUANT_MARGIN of the largest logit: ember's 8-bit
 activations, like llama.cpp's, move these models' logits by up to 2% of it, and a top-1 token
 may flip below that, as the registry models' do at their MARGINS). The tensor names must
-be ones gguf-py declares for the architecture. With EMBER_LLAMA_CPP naming a llama.cpp source
-tree, its convert_hf_to_gguf.py converts the same model and must write the same metadata keys,
-tensor names and shapes as `ember convert`, and ember must run its file to the same logits.
+be ones gguf-py declares for the architecture. What llama.cpp's convert_hf_to_gguf.py writes for
+each configuration (its model with patterned weights) is recorded in tests/fixtures/llama_cpp_convert
+(converter_record.py): `ember convert` must write the same metadata keys, GGUF types and values, and
+the same tensors, shapes and values, and ember must run a file with the recorded metadata to the
+reference logits. With EMBER_LLAMA_CPP naming a llama.cpp source tree, its converter must still write
+the record, and on the random model the file `ember convert` writes, which ember runs to the same logits.
 Mixtures of experts (`mixture_of_experts = True`): 8-bit activations can swap two near-tied
 experts of a token, so the quantized cosine bar holds at most positions (assert_quantized_close);
 with float activations the quantized file must meet the F32 bound at every position.
@@ -43,8 +46,6 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,15 @@ from ember.convert import convert  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
 from ember.gguf import open_gguf  # noqa: E402
 from ember.quant.quantize import quantize_file  # noqa: E402
+
+from converter_record import (  # noqa: E402
+    assert_same_file,
+    llama_cpp_convert,
+    load_record,
+    patterned_checkpoint,
+    summary,
+    write_tiny_tokenizer,
+)
 
 N_TOKENS = 40
 RTOL = 1e-4
@@ -221,6 +231,7 @@ class TransformersParity:
     attention: str = "sdpa"  # transformers' attention for the reference ("eager" where sdpa lacks a feature)
     tokenizer: str = "bpe"  # the tiny tokenizer llama.cpp's converter reads: "bpe" or "sentencepiece"
     llama_cpp_leaves_out: dict = {}  # {config name: metadata keys llama.cpp's converter does not write}
+    llama_cpp_fails: dict = {}  # {config name: what llama.cpp's converter's error says on it}
     mixture_of_experts: bool = False
 
     @classmethod
@@ -329,25 +340,85 @@ class TransformersParity:
                     for il in range(model.hp.n_layer) for suffix in (".weight", ".bias")}
         assert set(model.gguf.tensors) <= declared
 
+    def recorded(self, config_name: str) -> dict | None:
+        """The record of llama.cpp's converter on the configuration (converter_record.py); None
+        where it records the failure `llama_cpp_fails` names (any other failure is an error)."""
+        record = load_record(config_name)
+        if "llama_cpp_fails" in record or config_name in self.llama_cpp_fails:
+            assert self.llama_cpp_fails.get(config_name, "<none known>") in record.get("llama_cpp_fails", "")
+            return None
+        return record
+
+    def test_ember_convert_writes_what_llama_cpps_converter_writes(self, config_name, tmp_path):
+        """Against the record of llama.cpp's converter on the patterned model (converter_record.py):
+        the same metadata keys, of the same GGUF types and values, the same tensors, types and shapes,
+        holding the same values in the same order."""
+        theirs = self.recorded(config_name)
+        if theirs is None:
+            return
+        hf_dir = patterned_checkpoint(type(self), config_name, tmp_path)
+        ours = summary(convert(hf_dir, tmp_path / "ember.gguf", "f32"))
+        assert_same_file(ours, theirs, self.llama_cpp_leaves_out.get(config_name, ()))
+
+    def test_ember_runs_the_metadata_llama_cpps_converter_writes(self, tiny, config_name, tmp_path):
+        """The F32 file with llama.cpp's converter's metadata (the record's keys, types and values in
+        place of the `<arch>.` keys ember wrote) and its tensors runs to transformers' logits; where
+        llama.cpp's converter leaves keys out, to the logits of ember's file without them."""
+        model, reference, _, tokens = tiny
+        record = self.recorded(config_name)
+        if record is None:
+            return
+        path = with_recorded_metadata(model.gguf.path, record, tmp_path / "recorded.gguf")
+        left_out = self.llama_cpp_leaves_out.get(config_name, ())
+        if left_out:  # what their file means: ours without those keys
+            reference = logits_of(rewritten(model.gguf.path, tmp_path / "ours-less.gguf", dict.fromkeys(left_out)), tokens)
+        assert relative_error(logits_of(path, tokens), reference) <= RTOL
+
     @pytest.mark.skipif(not LLAMA_CPP, reason="EMBER_LLAMA_CPP (a llama.cpp source tree) is not set")
     def test_llama_cpp_converter_writes_the_same_file(self, tiny, tmp_path, config_name):
+        """With llama.cpp's converter at hand: the record is what it writes today, and on the random
+        model it writes the file `ember convert` writes, which ember runs to the same logits."""
+        patterned = patterned_checkpoint(type(self), config_name, tmp_path / "patterned")
+        if config_name in self.llama_cpp_fails:
+            with pytest.raises(RuntimeError, match=re.escape(self.llama_cpp_fails[config_name])):
+                llama_cpp_convert(LLAMA_CPP, patterned, tmp_path / "patterned.gguf")
+            return
+        assert_same_file(summary(llama_cpp_convert(LLAMA_CPP, patterned, tmp_path / "patterned.gguf")),
+                         self.recorded(config_name))
         model, reference, _, tokens = tiny
         hf_dir = tmp_path / "hf"
         shutil.copytree(Path(model.gguf.path).parent / "hf", hf_dir)
         write_tiny_tokenizer(hf_dir, model.n_vocab, self.tokenizer)
         ours_path = convert(hf_dir, tmp_path / "ember.gguf", "f32")
-        ours = open_gguf(ours_path)
-        theirs_path = llama_cpp_convert(hf_dir, tmp_path / "llama.cpp.gguf")
-        theirs = open_gguf(theirs_path)
-        arch = ours.arch
-        assert theirs.arch == arch
-        left_out = set(self.llama_cpp_leaves_out.get(config_name, ()))
-        assert {k for k in ours.metadata if k.startswith(f"{arch}.")} - left_out == {
-            k for k in theirs.metadata if k.startswith(f"{arch}.")}
-        assert {t.name: t.shape for t in ours.tensors.values()} == {t.name: t.shape for t in theirs.tensors.values()}
+        theirs_path = llama_cpp_convert(LLAMA_CPP, hf_dir, tmp_path / "llama.cpp.gguf")
+        left_out = self.llama_cpp_leaves_out.get(config_name, ())
+        assert_same_file(summary(ours_path), summary(theirs_path), left_out)
         if left_out:  # what their file means: ours without those keys
             reference = logits_of(rewritten(ours_path, tmp_path / "ours-less.gguf", dict.fromkeys(left_out)), tokens)
         assert relative_error(logits_of(theirs_path, tokens), reference) <= RTOL
+
+
+def with_recorded_metadata(source: Path, record: dict, output: Path) -> Path:
+    """A copy of the GGUF file `source` whose `<arch>.` metadata is the record's (keys, GGUF types,
+    values) and whose tensors are the record's names, each `source`'s tensor of that name and shape."""
+    from ember.gguf import GGUFWriter
+    from ember.gguf.format import GGUFValueType
+
+    f = open_gguf(source)
+    arch = record["architecture"]
+    writer = GGUFWriter(output, arch)
+    for key, value in f.metadata.items():
+        if key != "general.architecture" and not key.startswith(("GGUF.", f"{arch}.")):
+            writer.add(key, value, f.metadata_types[key])
+    for key, entry in record["metadata"].items():
+        names = entry["type"].split("/")
+        spec = (GGUFValueType.ARRAY, GGUFValueType[names[1]]) if names[0] == "ARRAY" else GGUFValueType[names[0]]
+        writer.add(key, entry["value"], spec)
+    for name, t in record["tensors"].items():
+        ours = f.tensors[name]
+        assert [ours.type.name, list(ours.shape)] == [t["type"], t["shape"]], name
+        writer.add_tensor(name, np.array(ours.data), ours.type, ours.shape)
+    return writer.write()
 
 
 def logits_of(path: Path, tokens: np.ndarray) -> np.ndarray:
@@ -376,50 +447,3 @@ def rewritten(source, output: Path, metadata: dict | None = None, tensors: dict 
         if values is not None:
             writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
     return writer.write()
-
-
-def write_tiny_tokenizer(hf_dir: Path, n_vocab: int, kind: str = "bpe") -> None:
-    """A byte-level BPE tokenizer of exactly n_vocab tokens, or a SentencePiece model of fewer
-    (the converters pad the vocabulary), for the families llama.cpp reads only tokenizer.model of."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    if kind == "sentencepiece":
-        import sentencepiece
-
-        text = [f"the model {i} runs {i * 7} tokens of text, one after another" for i in range(200)]
-        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(hf_dir / "tokenizer"),
-                                                 vocab_size=min(n_vocab, 100), model_type="bpe", minloglevel=2)
-        return
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|user|>"]
-    text = [f"the model {i} runs {i * 7} tokens of text, one after another" for i in range(200)]
-    trainer = trainers.BpeTrainer(vocab_size=n_vocab, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(text, trainer)
-    tokenizer.add_tokens([f"<extra_{i}>" for i in range(n_vocab - tokenizer.get_vocab_size())])
-    tokenizer.save(str(hf_dir / "tokenizer.json"))
-    (hf_dir / "tokenizer_config.json").write_text(
-        '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}')
-
-
-# llama.cpp's converter refuses a byte-level BPE whose pre-tokenizer it does not know by hash;
-# the tiny tokenizer's is GPT-2's.
-_LLAMA_CPP_CONVERT = """
-import sys
-tree = sys.argv.pop(1)
-sys.path[:0] = [tree, tree + "/gguf-py"]
-import conversion.base
-conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-import convert_hf_to_gguf
-sys.argv[0] = "convert_hf_to_gguf.py"
-convert_hf_to_gguf.main()
-"""
-
-
-def llama_cpp_convert(hf_dir: Path, output: Path) -> Path:
-    subprocess.run([sys.executable, "-c", _LLAMA_CPP_CONVERT, LLAMA_CPP, str(hf_dir), "--outfile", str(output),
-                    "--outtype", "f32"], check=True, capture_output=True)
-    return output
