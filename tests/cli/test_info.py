@@ -206,6 +206,21 @@ def test_a_file_without_features_shows_a_dash(capsys, tiny_model):
     ("granite", {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125, "logit_scale": 8.0},
      "embedding x12, residual x0.22, attention scale 0.0078125, logits /8"),
     ("qwen3", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, "per-head Q/K RMSNorm, RoPE scaling yarn x4"),
+    # Gemma 2: even layers slide; Gemma 3: five of every six, and the query scale where the file has one
+    ("gemma2", {"block_count": 26, "attention.sliding_window": 4096, "attn_logit_softcapping": 50.0},
+     "post-norms, attention soft-cap 50, sliding window 4096 (13 of 26 layers)"),
+    ("gemma3", {"block_count": 18, "attention.sliding_window": 512, "attention.scale": 0.0625},
+     "post-norms, per-head Q/K RMSNorm, attention scale 0.0625, sliding layers' RoPE base 10000, "
+     "sliding window 512 (15 of 18 layers)"),
+    ("gemma3", {"block_count": 4, "attention.sliding_window": 8, "attention.sliding_window_pattern": [True, False] * 2,
+                "rope.freq_base_swa": 20000.0},
+     "post-norms, per-head Q/K RMSNorm, sliding layers' RoPE base 20000, sliding window 8 (2 of 4 layers)"),
+    # YaRN with what the file says of it (Qwen3's 32768-token original context)
+    ("qwen3", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32768,
+               "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0},
+     "per-head Q/K RMSNorm, RoPE scaling yarn x4 (from 32768, beta fast 32, beta slow 1)"),
+    ("llama", {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0, "rope.scaling.attn_factor": 0.5},
+     "RoPE scaling linear x2 (attention factor 0.5)"),
 ])
 def test_an_architectures_own_features_are_named(capsys, tmp_path, arch, metadata, expected):
     w = GGUFWriter(tmp_path / "f.gguf", arch)
@@ -214,3 +229,21 @@ def test_an_architectures_own_features_are_named(capsys, tmp_path, arch, metadat
     code, out, _ = run(capsys, w.write())
     assert code == 0
     assert {line[:14].strip(): line[15:] for line in out.splitlines()}["features"] == expected
+
+
+def test_llama3_rope_scaling_is_named_with_the_range_of_its_factors(capsys, tmp_path):
+    # Llama 3.1's divisors (llama.cpp's converter writes them as rope_freqs.weight, no scaling type)
+    w = GGUFWriter(tmp_path / "f.gguf", "llama")
+    w.add_tensor("rope_freqs.weight", np.array([1.0, 1.0, 2.5, 8.0, 8.0], np.float32))
+    code, out, _ = run(capsys, w.write())
+    assert code == 0
+    lines = {line[:14].strip(): line[15:] for line in out.splitlines()}
+    assert lines["features"] == "RoPE scaling llama3 (rope_freqs.weight: factors 1 to 8)"
+
+
+def test_unreadable_rope_freqs_are_named_without_factors(capsys, tmp_path):
+    w = GGUFWriter(tmp_path / "f.gguf", "llama")
+    w.add_tensor("rope_freqs.weight", np.array([1.0, np.nan], np.float32))
+    code, out, _ = run(capsys, w.write())
+    assert code == 0
+    assert {line[:14].strip(): line[15:] for line in out.splitlines()}["features"] == "RoPE scaling llama3 (rope_freqs.weight)"

@@ -4,6 +4,8 @@ tokens on alternating layers (even ones slide), post-norms, GQA and MHA, tied LM
 import transformers
 from parity import TransformersParity
 
+from ember.models import features
+
 
 class TestGemma2(TransformersParity):
     model_class = "Gemma2ForCausalLM"
@@ -24,3 +26,11 @@ class TestGemma2(TransformersParity):
             max_position_embeddings=128, sliding_window=6, attn_logit_softcapping=2.0,
             final_logit_softcapping=4.0),
     }
+
+    def test_info_names_the_caps_and_the_sliding_layers(self, tiny, config_name):
+        f = tiny[0].gguf
+        expected = {"gemma2": ["post-norms", "attention soft-cap 1.5", "sliding window 8 (2 of 4 layers)",
+                               "logit soft-cap 3"],
+                    "gemma2-mha": ["post-norms", "attention soft-cap 2", "sliding window 6 (2 of 3 layers)",
+                                   "logit soft-cap 4"]}
+        assert features(f.metadata, f.tensors) == expected[config_name]

@@ -4,6 +4,8 @@ global layer 2 that has linear RoPE scaling; query_pre_attn_scalar != head_dim; 
 import transformers
 from parity import TransformersParity
 
+from ember.models import features
+
 
 class TestGemma3(TransformersParity):
     model_class = "Gemma3ForCausalLM"
@@ -19,3 +21,10 @@ class TestGemma3(TransformersParity):
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     }
+
+    def test_info_names_the_layer_pattern_and_the_query_scale(self, tiny):
+        # layers 0, 1 and 3 slide; 64 ** -0.5; the global layer's linear scaling
+        f = tiny[0].gguf
+        assert features(f.metadata, f.tensors) == [
+            "post-norms", "per-head Q/K RMSNorm", "attention scale 0.125", "sliding layers' RoPE base 10000",
+            "sliding window 8 (3 of 4 layers)", "RoPE scaling linear x4"]

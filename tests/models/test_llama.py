@@ -5,6 +5,13 @@ tokens), head_dim != hidden/heads; Mistral's sliding window."""
 import transformers
 from parity import TransformersParity
 
+from ember.models import features
+
+
+def info_features(tiny) -> list[str]:
+    f = tiny[0].gguf
+    return features(f.metadata, f.tensors)
+
 
 class TestLlama(TransformersParity):
     model_class = "LlamaForCausalLM"
@@ -25,6 +32,13 @@ class TestLlama(TransformersParity):
                              "original_max_position_embeddings": 16}),
     }
 
+    def test_info_names_the_rope_scaling(self, tiny, config_name):
+        # Llama 3's divisors: the factor 8 at low frequencies; at the highest (wavelength 2 pi, between
+        # 16 / high_freq_factor and 16 / low_freq_factor) 1 / ((1 - s) / 8 + s), s = (16 / 2 pi - 1) / 3
+        expected = {"llama": "RoPE scaling linear x2",
+                    "llama-bias-llama3-rope": "RoPE scaling llama3 (rope_freqs.weight: factors 1.736 to 8)"}
+        assert info_features(tiny) == [expected[config_name]]
+
 
 class TestMistral(TransformersParity):
     """Mistral: the LLaMA graph with a sliding window (6 < 40 tokens), and YaRN past its original context."""
@@ -44,3 +58,8 @@ class TestMistral(TransformersParity):
             rope_parameters={"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0,
                              "original_max_position_embeddings": 16, "beta_fast": 16.0, "beta_slow": 2.0}),
     }
+
+    def test_info_names_the_window_and_the_rope_scaling(self, tiny, config_name):
+        expected = {"mistral-window": "sliding window 6",
+                    "mistral-yarn": "RoPE scaling yarn x8 (from 16, beta fast 16, beta slow 2)"}
+        assert info_features(tiny) == [expected[config_name]]

@@ -63,7 +63,7 @@ def describe(f: GGUFFile, chat_template: str | None = None) -> dict[str, Any]:
         "file_size": f.size,
         "gguf_version": f.version,
         "architecture": _fact(f.arch),
-        "features": features(f.metadata),
+        "features": features(f.metadata, f.tensors),
         "name": _fact(f.get("general.name")),
         "parameters": sum(t.n_elements for t in f.tensors.values()),
         "file_type": file_type_name(int(file_type)) if isinstance(file_type, int) else _fact(file_type),

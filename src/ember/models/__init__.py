@@ -6,7 +6,8 @@ Each module (models/<arch>.py, over the shared pieces in blocks.py) has
   differ from llama.cpp's common ones (validate.standard_shapes, which every weight is checked
   against when the model is opened);
 - optionally `FEATURES` (a tuple of words) and `features(metadata) -> [str]`: what `ember info`
-  names about the architecture and about a file of it (with the shared ones, see `features`);
+  names about the architecture and about a file of it (with the shared ones, see `features`),
+  and `sliding_layer_count(metadata) -> (sliding, layers)` where only some layers slide;
 - `HF_ARCHITECTURES` and `Converter`: the Hugging Face classes `ember convert` turns into this
   architecture's GGUF, with the tensor names and metadata keys llama.cpp's converter writes
   (shared machinery in hf.py).
@@ -21,6 +22,7 @@ import importlib
 import numbers
 
 from ember.errors import EmberError, GGUFError
+from ember.models.rope import scaling_features
 from ember.models.validate import standard_shapes
 
 ARCHITECTURES = {
@@ -78,10 +80,11 @@ def converter_for(hf_architecture: str | None, config: dict):
     return converters[hf_architecture](config)
 
 
-def features(metadata: dict) -> list[str]:
+def features(metadata: dict, tensors: dict | None = None) -> list[str]:
     """What `ember info` names about a file's architecture: its module's FEATURES and
     `features(metadata)`, then what the shared keys switch on (partial rotary, sliding window, RoPE
-    scaling, logit soft-capping). Malformed values are left out; an unsupported architecture has none."""
+    scaling as rope.scaling_features names it, from the tensors too, logit soft-capping).
+    Malformed values are left out; an unsupported architecture has none."""
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         return []
@@ -103,11 +106,13 @@ def features(metadata: dict) -> list[str]:
     if n_rot and head_dim and n_rot < head_dim:
         names.append(f"partial rotary ({n_rot} of {head_dim} dimensions)")
     if number("attention.sliding_window", numbers.Integral):
-        names.append(f"sliding window {number('attention.sliding_window')}")
-    scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if isinstance(scaling, str) and scaling != "none":
-        factor = number("rope.scaling.factor")
-        names.append(f"RoPE scaling {scaling}" + (f" x{factor:g}" if factor else ""))
+        sliding = f"sliding window {number('attention.sliding_window')}"
+        try:
+            count = module.sliding_layer_count(metadata) if hasattr(module, "sliding_layer_count") else None
+        except EmberError:
+            count = None
+        names.append(sliding + (f" ({count[0]} of {count[1]} layers)" if count else ""))
+    names += scaling_features(metadata, arch, tensors)
     if number("final_logit_softcapping"):
         names.append(f"logit soft-cap {number('final_logit_softcapping'):g}")
     return names

@@ -27,7 +27,11 @@ def build(b: Builder) -> int:
 
 def features(metadata: dict) -> list[str]:
     cap = float_key(metadata, "gemma2.attn_logit_softcapping", 0.0, non_negative=True)
-    return [f"attention soft-cap {cap:g}"] if cap else []
+    return ([f"attention soft-cap {cap:g}"] if cap else []) + gemma3.gemma_features(metadata, "gemma2")
+
+
+def sliding_layer_count(metadata: dict) -> tuple[int, int] | None:
+    return gemma3.sliding_count(metadata, "gemma2", SLIDING_PATTERN)
 
 
 def hparams(f) -> HParams:

@@ -20,6 +20,7 @@ from ember.models.llama import qk_norm
 
 HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
 
+FEATURES = ("post-norms", "per-head Q/K RMSNorm")
 LOCAL_ROPE_BASE = 10000.0
 SLIDING_PATTERN = 6
 
@@ -40,6 +41,27 @@ def sliding_layers(metadata: dict, arch: str, n_layer: int, period: int = SLIDIN
         flags = [bool(v) for v in pattern]
         return flags[:n_layer] + [False] * (n_layer - len(flags))
     return periodic_sliding(int_key(metadata, key, period, minimum=0), n_layer)
+
+
+def sliding_count(metadata: dict, arch: str, period: int) -> tuple[int, int] | None:
+    """(layers that slide, layers) as `ember info` names them; None without a layer count."""
+    n_layer = int_key(metadata, f"{arch}.block_count", 0, minimum=0)
+    return (sum(sliding_layers(metadata, arch, n_layer, period)), n_layer) if n_layer else None
+
+
+def gemma_features(metadata: dict, arch: str) -> list[str]:
+    """The query scale where the file gives one (query_pre_attn_scalar other than head_dim)."""
+    scale = float_key(metadata, f"{arch}.attention.scale", 0.0, non_negative=True)
+    return [f"attention scale {scale:.4g}"] if scale else []
+
+
+def features(metadata: dict) -> list[str]:
+    local_base = float_key(metadata, "gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE, positive=True)
+    return gemma_features(metadata, "gemma3") + [f"sliding layers' RoPE base {local_base:g}"]
+
+
+def sliding_layer_count(metadata: dict) -> tuple[int, int] | None:
+    return sliding_count(metadata, "gemma3", SLIDING_PATTERN)
 
 
 def attention_scale(b: Builder, wide_n_layer: int) -> float:

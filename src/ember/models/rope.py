@@ -93,3 +93,37 @@ def mscale(s: RopeScaling) -> float:
 def longrope_factors_name(s: RopeScaling, n_ctx: int) -> str:
     """rope_factors_long.weight past the original context, rope_factors_short.weight within it."""
     return LONGROPE_FACTORS[0] if n_ctx > s.original_context else LONGROPE_FACTORS[1]
+
+
+def scaling_features(meta, arch: str, tensors=None) -> list[str]:
+    """How `ember info` names a file's RoPE scaling: rope.scaling.type with its factor, and where
+    the file gives them, the original context, YaRN's betas and the attention factor; with no
+    type, Llama 3's per-frequency divisors (rope_freqs.weight, the range of its factors, read when
+    it is a short F32 vector). A malformed key is left out."""
+    def number(name: str):
+        value = meta.get(f"{arch}.rope.scaling.{name}")
+        return value if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) else None
+
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if isinstance(kind, str) and kind != "none":
+        factor = number("factor")
+        details = [f"from {int(number('original_context_length'))}"] if number("original_context_length") else []
+        if kind == "yarn":
+            details += [f"beta {name} {number(f'yarn_beta_{name}'):g}" for name in ("fast", "slow")
+                        if number(f"yarn_beta_{name}") is not None]
+        if number("attn_factor") not in (None, 1.0):
+            details.append(f"attention factor {number('attn_factor'):.4g}")
+        return [f"RoPE scaling {kind}" + (f" x{factor:g}" if factor else "") +
+                (f" ({', '.join(details)})" if details else "")]
+    freqs = (tensors or {}).get("rope_freqs.weight")
+    if freqs is None:
+        return []
+    values = None
+    try:
+        if freqs.type.name == "F32" and len(freqs.shape) == 1 and freqs.shape[0] <= 4096:
+            values = np.asarray(freqs.array(), dtype=np.float64)
+    except (AttributeError, ValueError, GGUFError):
+        pass
+    if values is None or values.size == 0 or not np.isfinite(values).all():
+        return ["RoPE scaling llama3 (rope_freqs.weight)"]
+    return [f"RoPE scaling llama3 (rope_freqs.weight: factors {values.min():.4g} to {values.max():.4g})"]
