@@ -28,12 +28,15 @@ SUM_RTOL = 1e-6  # the sums of values computed from the config (RoPE factors) ma
 
 
 def patterned(model) -> None:
-    """Each parameter (each once, tied ones included) set to ((i * 7919 + h) mod 1009 - 504) / 8192
-    at flat index i, h a hash of its name: distinct, exactly representable values in every tensor."""
+    """Each parameter (each once, tied ones included) and each floating-point buffer the checkpoint
+    stores (DeepSeek-V3's e_score_correction_bias) set to ((i * 7919 + h) mod 1009 - 504) / 8192 at
+    flat index i, h a hash of its name: distinct, exactly representable values in every tensor."""
     import torch
 
+    stored = model.state_dict().keys()
+    buffers = [(name, b) for name, b in model.named_buffers() if name in stored and b.is_floating_point()]
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in [*model.named_parameters(), *buffers]:
             h = zlib.crc32(name.encode()) % 1009
             i = torch.arange(param.numel(), dtype=torch.int64)
             param.copy_((((i * 7919 + h) % 1009 - 504).to(torch.float64) / 8192).reshape(param.shape))
