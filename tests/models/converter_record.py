@@ -45,14 +45,13 @@ def patterned(model) -> None:
 def patterned_checkpoint(case: type, config_name: str, folder: Path) -> Path:
     """The configuration's model with patterned weights and the tiny tokenizer, saved in `folder`/hf."""
     import torch
-    import transformers
 
     config = case.configs[config_name]()
     torch.manual_seed(0)
-    model = getattr(transformers, case.model_class)(config).eval()
+    model = case.make_model(config).eval()
     patterned(model)
     hf_dir = folder / "hf"
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    case.save_model(model, hf_dir)
     write_tiny_tokenizer(hf_dir, config.vocab_size, case.tokenizer)
     return hf_dir
 
