@@ -32,7 +32,7 @@ def cli_embed(args) -> int:
     return 0
 
 
-def _texts(args, stdin=None) -> list[str]:
+def _texts(args, stdin=None, what: str = "text to embed") -> list[str]:
     """TEXT arguments, else the lines of -f FILE (or of stdin when no text is given); empty lines skipped."""
     if args.texts and args.file is not None:
         raise EmberError("give the texts as arguments or with -f, not both")
@@ -51,5 +51,5 @@ def _texts(args, stdin=None) -> list[str]:
             raise EmberError(f"cannot read {args.file}: {getattr(error, 'strerror', None) or error}") from None
     texts = [line for line in lines if line.strip()]
     if not texts:
-        raise EmberError("no text to embed")
+        raise EmberError(f"no {what}")
     return texts

@@ -382,6 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncate", action="store_true", help="cut texts longer than the model embeds at once")
     _add_runtime(p)
 
+    p = command("rerank", "documents by relevance to a query (a reranker), a JSON line each, best first",
+                "ember.cli.rerank:cli_rerank")
+    p.add_argument("query", help="the query")
+    p.add_argument("texts", nargs="*", metavar="DOCUMENT", help="documents (default: the lines of -f or stdin)")
+    _add_model(p)
+    p.add_argument("-f", "--file", default=None, help="a file of documents, one a line ('-': stdin)")
+    p.add_argument("--top-n", type=_non_negative_int, default=None, help="only the best N documents")
+    _add_runtime(p)
+
     p = command("tokenize", "show the token ids of a text", "ember.cli.tokenize:cli_tokenize")
     _add_model(p)
     p.add_argument("text")
