@@ -13,6 +13,9 @@ os.environ.setdefault("EMBER_EMULATE_AMX", "1")
 # The tests' shared helpers (fake_llm.py, ember_server.py, paths.py, ...) live in this folder; the
 # tests themselves in folders that mirror src/ember and csrc.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# parity.py's own imports (converter_record.py, beside it in models/) resolve wherever a test imports
+# models.parity from (the engine's and the encoders' tests take its randomize)
+sys.path.insert(1, str(Path(__file__).resolve().parent / "models"))
 
 
 import pytest  # noqa: E402  (after the environment above: importing the core reads it)
