@@ -13,6 +13,8 @@ import transformers
 from parity import TransformersParity, randomize
 from safetensors.torch import load_file, save_file
 
+from ember.models import features
+
 MOE_KEYS = {"n_routed_experts": 8, "num_experts_per_tok": 3, "n_shared_experts": 2, "moe_intermediate_size": 32,
             "first_k_dense_replace": 1, "moe_layer_freq": 1, "norm_topk_prob": False, "scoring_func": "softmax",
             "topk_method": "greedy"}
@@ -34,6 +36,10 @@ class TestDeepseek(TransformersParity):
         "deepseek-moe": lambda: config(num_key_value_heads=4, tie_word_embeddings=False),
         "deepseek-moe-gqa-tied": lambda: config(num_key_value_heads=2, tie_word_embeddings=True),
     }
+
+    def test_ember_info_names_the_experts(self, tiny):
+        assert features(tiny[0].gguf.metadata) == [
+            "mixture of experts: 3 of 8 per token, 2 shared", "softmax routing", "1 leading dense layer"]
 
     @classmethod
     def make_model(cls, config):

@@ -20,6 +20,7 @@ from parity import RTOL, TransformersParity, relative_error
 from ember.convert import convert
 from ember.engine.runtime import Model
 from ember.gguf import GGUFWriter, open_gguf
+from ember.models import features
 from ember.models.deepseek2 import Converter
 
 # transformers' DeepSeek keeps head_dim = qk_rope_head_dim and uses num_key_value_heads = heads
@@ -67,6 +68,17 @@ class TestDeepseekV2Moe(TestDeepseekV2):
     }
 
 
+    def test_ember_info_names_the_routing(self, tiny, config_name):
+        expected = {
+            "v2-lite-moe": ["multi-head latent attention", "mixture of experts: 4 of 16 per token, 2 shared",
+                            "softmax routing", "1 leading dense layer"],
+            "v2-moe-groups": ["multi-head latent attention", "mixture of experts: 4 of 16 per token, 1 shared",
+                              "softmax routing", "the best 2 of 4 expert groups (a group scored by its best expert)",
+                              "1 leading dense layer"],
+        }
+        assert features(tiny[0].gguf.metadata)[:len(expected[config_name])] == expected[config_name]
+
+
 class TestDeepseekV3(TestDeepseekV2):
     model_class = "DeepseekV3ForCausalLM"
     configs = {
@@ -91,6 +103,12 @@ class TestDeepseekV3Moe(TestDeepseekV3):
             topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid",
             topk_method="noaux_tc", **MOE),
     }
+
+    def test_ember_info_names_the_routing(self, tiny, config_name):
+        assert features(tiny[0].gguf.metadata)[:5] == [
+            "multi-head latent attention", "mixture of experts: 4 of 16 per token, 1 shared",
+            "sigmoid routing with a score-correction bias",
+            "the best 2 of 4 expert groups (a group scored by its two best experts)", "1 leading dense layer"]
 
     def test_the_score_correction_bias_changes_the_choice(self, tiny, tmp_path):
         """Without exp_probs_b (zeros in its place) ember's logits leave the reference's bound: the

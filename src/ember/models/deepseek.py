@@ -13,7 +13,10 @@ from ember.errors import EmberError
 from ember.models.hf import get, require
 
 HF_ARCHITECTURES = ("DeepseekForCausalLM",)
-FEATURES = ("mixture of experts", "shared experts", "leading dense layers")
+
+
+def features(metadata: dict) -> list[str]:
+    return moe.features(metadata, "deepseek")
 
 
 def build(b: Builder) -> int:

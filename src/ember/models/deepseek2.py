@@ -29,6 +29,23 @@ SCORE_BIAS = re.compile(r"^(?:model\.)?layers\.(\d+)\.mlp\.gate\.e_score_correct
 LAYER_INDEX = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
+FEATURES = ("multi-head latent attention",)
+
+
+def features(metadata: dict) -> list[str]:
+    """The experts, where some layers have them (files of all-dense models carry expert keys too)."""
+    n_layer = int_key(metadata, f"{ARCH}.block_count")
+    if int_key(metadata, f"{ARCH}.leading_dense_block_count", 0, minimum=0) >= n_layer:
+        return []
+    gating = "sigmoid" if metadata.get(f"{ARCH}.expert_gating_func") == GATING_FUNCS["sigmoid"] else "softmax"
+    return moe.features(metadata, ARCH, group_score=group_score(gating))
+
+
+def group_score(gating: str) -> str:
+    """How a group of experts is scored: DeepSeek-V2's best expert, V3's two best (see above)."""
+    return "top2" if gating == "sigmoid" else "max"
+
+
 def hparams(f) -> HParams:
     meta = f.metadata
     split = f"{ARCH}.attention.key_length_mla" in meta and f"{ARCH}.attention.value_length_mla" in meta
@@ -41,7 +58,7 @@ def hparams(f) -> HParams:
     n_dense = int_key(f.metadata, f"{ARCH}.leading_dense_block_count", 0, minimum=0, maximum=hp.n_layer)
     if n_dense < hp.n_layer:  # llama.cpp's converter writes expert keys for all-dense models too
         hp.moe = moe.MoEParams.from_gguf(f, hp, norm_weights=False, gating="softmax")
-        hp.moe.group_score = "top2" if hp.moe.gating == "sigmoid" else "max"
+        hp.moe.group_score = group_score(hp.moe.gating)
     return hp
 
 

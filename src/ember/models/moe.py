@@ -87,6 +87,29 @@ class MoEParams:
         )
 
 
+def features(metadata: dict, arch: str, gating: str = "softmax", group_score: str = "top2") -> list[str]:
+    """What `ember info` says of a file's experts (the defaults as MoEParams.from_gguf takes them)."""
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    n_expert = int_key(metadata, key("expert_count"), maximum=MAX_EXPERTS)
+    used = int_key(metadata, key("expert_used_count"), maximum=n_expert)
+    shared = int_key(metadata, key("expert_shared_count"), 0, minimum=0)
+    names = [f"mixture of experts: {used} of {n_expert} per token" + (f", {shared} shared" if shared else "")]
+    gating = GATING_FUNCS.get(int_key(metadata, key("expert_gating_func"), 0, minimum=0), gating)
+    bias = " with a score-correction bias" if gating == "sigmoid" else ""
+    names.append(f"{gating} routing{bias}")
+    n_group = int_key(metadata, key("expert_group_count"), 0, minimum=0)
+    n_group_used = int_key(metadata, key("expert_group_used_count"), n_group, minimum=0)
+    if 1 < n_group and n_group_used < n_group:
+        score = "its best expert" if group_score == "max" else "its two best experts"
+        names.append(f"the best {n_group_used} of {n_group} expert groups (a group scored by {score})")
+    n_dense = int_key(metadata, key("leading_dense_block_count"), 0, minimum=0)
+    if n_dense:
+        names.append(f"{n_dense} leading dense layer{'s' if n_dense > 1 else ''}")
+    return names
+
+
 def tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
     """The shapes (ggml order) of the router's and the experts' tensors, by layer-free name."""
     moe, e = hp.moe, hp.n_embd
