@@ -256,6 +256,30 @@ def test_bf16_and_f16_checkpoints_convert_to_their_exact_values(tmp_path):
         np.testing.assert_array_equal(ours["token_embd.weight"], _hf_tensors(folder)["model.embed_tokens.weight"])
 
 
+def test_every_f8_e4m3_byte_reads_as_torch_reads_it(tmp_path):
+    from safetensors.torch import save_file
+
+    from ember.convert.checkpoint import read_safetensors
+
+    raw = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    save_file({"w": raw.view(torch.float8_e4m3fn)}, str(tmp_path / "f8.safetensors"))
+    (t,) = read_safetensors(tmp_path / "f8.safetensors")
+    assert t.dtype == "F8_E4M3" and t.is_float
+    np.testing.assert_array_equal(t.numpy(), raw.view(torch.float8_e4m3fn).float().numpy())  # NaN where torch's
+
+
+def test_fp8_block_factors_of_the_wrong_shape_are_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    from ember.convert.checkpoint import open_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": [128, 128]}}))
+    save_file({"w": torch.zeros(300, 200).to(torch.float8_e4m3fn), "w_scale_inv": torch.ones(2, 2)},
+              str(tmp_path / "model.safetensors"))
+    with pytest.raises(EmberError, match=r"w_scale_inv .* is not the F32 \[3, 2\] factors"):
+        open_checkpoint(tmp_path).tensors
+
+
 def test_sharded_checkpoint_converts_like_a_single_file(tmp_path):
     model = _save(tmp_path / "one", "llama")
     model.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="40KB")

@@ -10,6 +10,7 @@ ember caches the latent c and the rotary key k_pe in F16 (not per-head K and V),
 reference rounds those two to F16 where transformers computes them."""
 
 import contextlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +148,43 @@ class TestDeepseekV3Moe(TestDeepseekV3):
         assert set(ours.tensors) == set(theirs.tensors)
         for name, t in theirs.tensors.items():
             assert ours.tensors[name].shape == t.shape and np.array_equal(ours.tensors[name].data, t.data), name
+
+
+    def test_an_fp8_checkpoint_converts_to_its_dequantized_values(self, tiny, tmp_path):
+        """DeepSeek-V3's own form: every matrix F8_E4M3 with F32 factors per 32 x 32 block in
+        NAME_scale_inv (blocks cut short at the edges: 112, 40 and 24 rows), quantization_config
+        naming the block. It converts to what the float32 checkpoint of torch's dequantization
+        (float8_e4m3fn to float32, times the block's factor) converts to, tensor for tensor."""
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        hf_dir, block = Path(tiny[0].gguf.path).parent / "hf", 32
+        fp8, plain = tmp_path / "fp8", tmp_path / "plain"
+        stored, dequantized = {}, {}
+        for name, t in load_file(str(hf_dir / "model.safetensors")).items():
+            if t.ndim != 2 or "norm" in name or "embed" in name:
+                stored[name] = dequantized[name] = t
+                continue
+            grid = [-(-n // block) for n in t.shape]
+            padded = torch.zeros(grid[0] * block, grid[1] * block)
+            padded[:t.shape[0], :t.shape[1]] = t
+            factors = padded.reshape(grid[0], block, grid[1], block).abs().amax((1, 3)) / 448 + 1e-12
+            spread = factors.repeat_interleave(block, 0).repeat_interleave(block, 1)[:t.shape[0], :t.shape[1]]
+            values = (t / spread).to(torch.float8_e4m3fn)
+            stored[name], stored[name + "_scale_inv"] = values, factors.float()
+            dequantized[name] = values.float() * spread
+        config = json.loads((hf_dir / "config.json").read_text())
+        for folder, tensors, extra in ((fp8, stored, {"quantization_config": {
+                "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block]}}), (plain, dequantized, {})):
+            folder.mkdir()
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+            (folder / "config.json").write_text(json.dumps(config | extra))
+        ours, theirs = (open_gguf(convert(d, tmp_path / f"{d.name}.gguf", "f32")) for d in (fp8, plain))
+        assert set(ours.tensors) == set(theirs.tensors)
+        for name, t in theirs.tensors.items():
+            assert np.array_equal(ours.tensors[name].data, t.data), name
+        assert not np.array_equal(theirs.tensors["blk.1.ffn_up_exps.weight"].data, tiny[0].gguf.tensors[
+            "blk.1.ffn_up_exps.weight"].data)  # the values did go through FP8
 
 
 def test_the_converter_writes_llama_cpps_expert_keys(tmp_path):

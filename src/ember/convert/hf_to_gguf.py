@@ -2,7 +2,8 @@
 (of a class an architecture in ember.models converts: LlamaForCausalLM, Olmo2ForCausalLM, ...) to a GGUF file with
 the metadata keys and tensor names llama.cpp uses, so ember and llama.cpp both run it. Mixtures of experts:
 the checkpoint's one tensor per expert, or its stacked experts as transformers >= 5 holds them
-(gate_up_proj, down_proj), become one 3-D tensor per layer and projection (ffn_*_exps).
+(gate_up_proj, down_proj), become one 3-D tensor per layer and projection (ffn_*_exps). FP8
+checkpoints (DeepSeek-V3, R1) are read dequantized (convert/checkpoint.py).
 
 Tensor types follow llama.cpp's converter: 1-D tensors, norms and GPT-2's position embedding
 stay F32; every other weight gets the output type, except Q8_0 rows whose length is not a
