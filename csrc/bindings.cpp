@@ -248,8 +248,11 @@ class PyGraph {
     graph_.set_output(x);
   }
 
-  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq) {
-    graph_.plan(max_tokens, max_outputs, n_ctx, n_seq);
+  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq, int32_t type_k, int32_t type_v) {
+    if (!type_supported(type_k) || !type_supported(type_v))
+      throw std::invalid_argument("KV cache type " + std::to_string(type_supported(type_k) ? type_v : type_k) +
+                                  " is not a tensor type ember knows");
+    graph_.plan(max_tokens, max_outputs, n_ctx, n_seq, static_cast<GGMLType>(type_k), static_cast<GGMLType>(type_v));
   }
 
   nb::ndarray<nb::numpy, float, nb::ndim<2>> run(I32Array tokens, I32Array positions, I32Array seq_ids,
@@ -587,7 +590,8 @@ NB_MODULE(_core, m) {
       .def("reshape", &PyGraph::reshape, "x"_a, "ne0"_a)
       .def("permute", &PyGraph::permute, "x"_a)
       .def("set_output", &PyGraph::set_output)
-      .def("plan", &PyGraph::plan, "max_tokens"_a, "max_outputs"_a, "n_ctx"_a, "n_seq"_a = 1)
+      .def("plan", &PyGraph::plan, "max_tokens"_a, "max_outputs"_a, "n_ctx"_a, "n_seq"_a = 1,
+           "type_k"_a = static_cast<int32_t>(GGMLType::F16), "type_v"_a = static_cast<int32_t>(GGMLType::F16))
       .def("run", &PyGraph::run, "tokens"_a, "positions"_a, "seq_ids"_a, "output_rows"_a,
            "inputs"_a = std::vector<F32Array>())
       .def("kv_copy", &PyGraph::kv_copy, "src"_a, "dst"_a, "n"_a)

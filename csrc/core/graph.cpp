@@ -1,6 +1,7 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -201,9 +202,7 @@ size_t Graph::node_work_size(const Node& n) const {
       // Per thread: the scores of one row and of its expert groups (ops/routing.cpp).
       return static_cast<size_t>(pool_.size()) * align_up(2 * tensors_[n.src[0]].ne0 * sizeof(float));
     case Op::Attention:
-      // Per thread: scores over the context and an output accumulator, for up to 4 query heads
-      // that share a KV head (kMaxHeads in ops/attention.cpp).
-      return static_cast<size_t>(pool_.size()) * align_up(4 * (n_ctx_ + n.as<AttentionParams>().head_dim) * sizeof(float));
+      return attention_work(n).size;
     case Op::MlaAttention:
       return mla_work(n, max_rows(tensors_[n.src[0]])).size;
     default:
@@ -211,9 +210,11 @@ size_t Graph::node_work_size(const Node& n) const {
   }
 }
 
-void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq) {
+void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq, GGMLType k_type,
+                 GGMLType v_type) {
   if (output_ < 0) throw std::invalid_argument("graph has no output");
   if (max_tokens <= 0 || max_outputs <= 0 || n_ctx <= 0 || n_seq <= 0) throw std::invalid_argument("bad plan sizes");
+  check_kv_types(k_type, v_type);
   max_tokens_ = max_tokens;
   max_outputs_ = max_outputs;
   n_ctx_ = n_ctx;
@@ -259,19 +260,41 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
       const AttentionParams& p = n.as<AttentionParams>();
       KVCache& c = kv_[p.kv_layer];
       c.k_elems = c.v_elems = static_cast<int64_t>(p.n_kv_head) * p.head_dim;
+      c.k_type = k_type;
+      c.v_type = v_type;
     } else if (n.op == Op::MlaAttention) {
       const MlaAttentionParams& p = n.as<MlaAttentionParams>();
       KVCache& c = kv_[p.kv_layer];
       c.k_elems = static_cast<int64_t>(p.rank) + p.rope;  // latent, then rotary key
       c.v_elems = 0;
+      c.k_type = c.v_type = GGMLType::F16;
     }
   }
   for (KVCache& c : kv_) {
     c.n_ctx = n_ctx;
     c.n_seq = n_seq;
+    c.k_bytes = row_bytes(c.k_type, c.k_elems);
+    c.v_bytes = c.v_elems ? row_bytes(c.v_type, c.v_elems) : 0;
     const size_t positions = static_cast<size_t>(n_ctx * n_seq);
-    c.k = map_zero_pages(positions * c.k_elems * sizeof(uint16_t));
-    if (c.v_elems) c.v = map_zero_pages(positions * c.v_elems * sizeof(uint16_t));
+    c.k = map_zero_pages(positions * c.k_bytes);
+    if (c.v_elems) c.v = map_zero_pages(positions * c.v_bytes);
+  }
+}
+
+void Graph::check_kv_types(GGMLType k_type, GGMLType v_type) const {
+  for (GGMLType t : {k_type, v_type}) {
+    if (t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::Q8_0) continue;
+    std::string name = type_traits(t).name ? type_traits(t).name : std::to_string(static_cast<int>(t));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    throw std::invalid_argument("KV cache type " + name + " is not supported; use f32, f16 or q8_0");
+  }
+  const bool blocks = k_type == GGMLType::Q8_0 || v_type == GGMLType::Q8_0;
+  for (const Node& n : nodes_) {
+    if (n.op == Op::Attention && blocks && n.as<AttentionParams>().head_dim % QK8_0)
+      throw std::invalid_argument("a q8_0 KV cache needs a head size that is a multiple of 32, not " +
+                                  std::to_string(n.as<AttentionParams>().head_dim));
+    if (n.op == Op::MlaAttention && (k_type != GGMLType::F16 || v_type != GGMLType::F16))
+      throw std::invalid_argument("multi-head latent attention caches its latent in f16 only");
   }
 }
 
@@ -282,12 +305,8 @@ MlaWork Graph::mla_work(const Node& n, int64_t max_tokens) const {
   const size_t heads = static_cast<size_t>(max_tokens * H);
   const int nth = pool_.size();
   MlaWork w;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t start = at;
-    at += align_up(bytes);
-    return start;
-  };
+  ScratchLayout layout;
+  auto take = [&](size_t bytes) { return layout.take(bytes); };
   // The two per-head products convert their inputs to the weight type's vec_dot_type, or (float
   // activations) dequantize kDequantRows weight rows per thread.
   auto act_stride = [&](const Tensor& weight, int64_t k) {
@@ -305,7 +324,29 @@ MlaWork Graph::mla_work(const Node& n, int64_t max_tokens) const {
   w.f32_rows = take(nth * w.f32_rows_stride);
   w.per_thread_stride = align_up(4 * (n_ctx_ + rank) * sizeof(float));  // scores and accumulator, kMaxHeads heads
   w.per_thread = take(nth * w.per_thread_stride);
-  w.size = at;
+  w.size = layout.end;
+  return w;
+}
+
+AttentionWork Graph::attention_work(const Node& n) const {
+  const AttentionParams& p = n.as<AttentionParams>();
+  const size_t d = static_cast<size_t>(padded_head_dim(p.head_dim)), f = sizeof(float);
+  AttentionWork w;
+  ScratchLayout layout;
+  auto take = [&](size_t bytes) { return layout.take(bytes); };
+  w.keys = take(kAttnBlock * d * f);
+  w.values = take(kAttnBlock * d * f);
+  w.queries = take(kAttnLanes * d * f);
+  w.scores = take(kAttnBlock * kAttnLanes * f);
+  w.out = take(kAttnLanes * d * f);
+  w.result = take(kAttnLanes * d * f);
+  w.stats = take(5 * kAttnLanes * f);
+  w.per_thread = layout.end;
+  layout.end *= static_cast<size_t>(pool_.size());
+  w.partial_floats = d + 2;
+  const size_t segments = static_cast<size_t>((n_ctx_ + kAttnSegment - 1) / kAttnSegment);
+  w.partials = take(static_cast<size_t>(p.n_head) * segments * w.partial_floats * f);
+  w.size = layout.end;
   return w;
 }
 
@@ -320,8 +361,8 @@ void Graph::kv_copy(int64_t src, int64_t dst, int64_t n) {
     throw std::out_of_range("kv_copy: sequence or length out of range");
   if (src == dst) return;
   for (KVCache& c : kv_) {
-    std::memcpy(c.k_row(dst, 0), c.k_row(src, 0), n * c.k_elems * sizeof(uint16_t));
-    if (c.v_elems) std::memcpy(c.v_row(dst, 0), c.v_row(src, 0), n * c.v_elems * sizeof(uint16_t));
+    std::memcpy(c.k_row(dst, 0), c.k_row(src, 0), n * c.k_bytes);
+    if (c.v_elems) std::memcpy(c.v_row(dst, 0), c.v_row(src, 0), n * c.v_bytes);
   }
 }
 
@@ -336,8 +377,7 @@ void Graph::kv_save(int64_t seq, int64_t n, uint8_t* out, size_t size) {
     throw std::out_of_range("kv_save: sequence or length out of range");
   if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_save: buffer size does not match the state");
   for (KVCache& c : kv_) {
-    const size_t k_rows = static_cast<size_t>(n * c.k_elems) * sizeof(uint16_t);
-    const size_t v_rows = static_cast<size_t>(n * c.v_elems) * sizeof(uint16_t);
+    const size_t k_rows = static_cast<size_t>(n) * c.k_bytes, v_rows = static_cast<size_t>(n) * c.v_bytes;
     std::memcpy(out, c.k_row(seq, 0), k_rows);
     if (v_rows) std::memcpy(out + k_rows, c.v_row(seq, 0), v_rows);
     out += k_rows + v_rows;
@@ -349,8 +389,7 @@ void Graph::kv_load(int64_t seq, int64_t n, const uint8_t* in, size_t size) {
     throw std::out_of_range("kv_load: sequence or length out of range");
   if (size != kv_state_bytes(n)) throw std::invalid_argument("kv_load: the state has the wrong size for this model");
   for (KVCache& c : kv_) {
-    const size_t k_rows = static_cast<size_t>(n * c.k_elems) * sizeof(uint16_t);
-    const size_t v_rows = static_cast<size_t>(n * c.v_elems) * sizeof(uint16_t);
+    const size_t k_rows = static_cast<size_t>(n) * c.k_bytes, v_rows = static_cast<size_t>(n) * c.v_bytes;
     std::memcpy(c.k_row(seq, 0), in, k_rows);
     if (v_rows) std::memcpy(c.v_row(seq, 0), in + k_rows, v_rows);
     in += k_rows + v_rows;

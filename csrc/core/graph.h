@@ -33,6 +33,15 @@ ZeroPages map_zero_pages(size_t size);
 // Arena placements (activations, per-node scratch) are aligned to kAlign bytes.
 constexpr size_t kAlign = 64;
 inline size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+// A node's scratch laid out piece after piece, each aligned: take(bytes) is where the next starts.
+struct ScratchLayout {
+  size_t end = 0;
+  size_t take(size_t bytes) {
+    const size_t start = end;
+    end += align_up(bytes);
+    return start;
+  }
+};
 
 struct Tensor {
   GGMLType type = GGMLType::F32;
@@ -75,20 +84,20 @@ struct Node {
   const P& as() const { return std::get<P>(params); }
 };
 
-// One layer's cache. Attention: K and V rows of n_kv_heads * head_dim each. Multi-head latent
-// attention: K rows of the latent and the rotary key (kv_lora_rank + rope dims), no V rows
-// (the values are the latent, the first kv_lora_rank elements of each K row).
+// One layer's cache. Attention: K and V rows of n_kv_heads * head_dim each, in k_type / v_type
+// (F32, F16 or Q8_0; a Q8_0 row is whole blocks per head). Multi-head latent attention: F16 K
+// rows of the latent and the rotary key (kv_lora_rank + rope dims), no V rows (the values are
+// the latent, the first kv_lora_rank elements of each K row).
 struct KVCache {
   int64_t n_ctx = 0, n_seq = 0, k_elems = 0, v_elems = 0;  // elements of a K / V row of one position
-  ZeroPages k, v;  // F16, [n_seq][n_ctx][k_elems or v_elems]
-  uint16_t* k_row(int64_t seq, int64_t pos) { return f16(k) + (seq * n_ctx + pos) * k_elems; }
-  uint16_t* v_row(int64_t seq, int64_t pos) { return f16(v) + (seq * n_ctx + pos) * v_elems; }
+  GGMLType k_type = GGMLType::F16, v_type = GGMLType::F16;
+  size_t k_bytes = 0, v_bytes = 0;  // bytes of a K / V row of one position
+  ZeroPages k, v;  // [n_seq][n_ctx] rows
+  uint8_t* k_row(int64_t seq, int64_t pos) { return k.get() + (seq * n_ctx + pos) * k_bytes; }
+  uint8_t* v_row(int64_t seq, int64_t pos) { return v.get() + (seq * n_ctx + pos) * v_bytes; }
   // Bytes of positions [0, n) of one sequence.
-  size_t bytes_per_seq(int64_t n) const { return static_cast<size_t>(n * (k_elems + v_elems)) * sizeof(uint16_t); }
+  size_t bytes_per_seq(int64_t n) const { return static_cast<size_t>(n) * (k_bytes + v_bytes); }
   size_t bytes() const { return static_cast<size_t>(n_seq) * bytes_per_seq(n_ctx); }
-
- private:
-  static uint16_t* f16(const ZeroPages& p) { return reinterpret_cast<uint16_t*>(p.get()); }
 };
 
 // The scratch memory of a multi-head latent attention node (ops/attention.cpp), laid out in one
@@ -101,6 +110,25 @@ struct MlaWork {
   size_t o_act = 0, o_act_stride = 0;  // the latents in the vec_dot_type of attn_v_b
   size_t f32_rows = 0, f32_rows_stride = 0;      // float activations: dequantized weight rows, per thread
   size_t per_thread = 0, per_thread_stride = 0;  // scores over the context and an accumulator, per thread
+  size_t size = 0;
+};
+
+// The scratch of an Attention node (ops/attention.cpp). Per thread: F32 copies of kAttnBlock
+// cached K and V rows, and for a tile of up to kAttnLanes query rows the queries, their scores
+// over one block, their outputs over a segment and merged, and softmax statistics. Shared,
+// after the threads' parts: the partial results of a one-token batch whose segments the threads
+// share out, per query head and segment (padded_head_dim + 2 floats: output, max, sum).
+// Offsets from the node's work_offset.
+constexpr int64_t kAttnBlock = 64, kAttnLanes = 32;
+// Positions a query row attends to in one pass: its softmax over each segment is merged with
+// the others in order, whichever thread computed it (a lone token's segments are shared out).
+constexpr int64_t kAttnSegment = 4 * kAttnBlock;
+// Rows of head_dim floats in the scratch are padded with zeros to whole 16-float vectors.
+constexpr int64_t padded_head_dim(int64_t head_dim) { return (head_dim + 15) / 16 * 16; }
+struct AttentionWork {
+  size_t keys = 0, values = 0, queries = 0, scores = 0, out = 0, result = 0, stats = 0;  // in a thread's part
+  size_t per_thread = 0;  // bytes of a thread's part
+  size_t partials = 0, partial_floats = 0;
   size_t size = 0;
 };
 
@@ -154,8 +182,10 @@ class Graph {
   void set_output(int32_t tensor) { output_ = tensor; }
 
   // Places activations in the arena for batches of up to max_tokens tokens and max_outputs
-  // output rows, and allocates the KV cache for layers_kv attention layers.
-  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq);
+  // output rows, and allocates the KV cache of every attention layer, K and V rows of the given
+  // types (F32, F16 or Q8_0).
+  void plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq,
+            GGMLType k_type = GGMLType::F16, GGMLType v_type = GGMLType::F16);
   // Runs a batch. tokens/positions/seq_ids have n_tokens entries; output_rows n_outputs.
   // Returns a pointer to the output tensor's rows (F32, n_outputs x output's ne0).
   const float* run(int64_t n_tokens, const int32_t* tokens, const int32_t* positions,
@@ -194,6 +224,8 @@ class Graph {
   const KernelTable* kernels() const { return kernels_; }
   // The scratch layout of an MlaAttention node for batches of up to max_tokens tokens.
   MlaWork mla_work(const Node& n, int64_t max_tokens) const;
+  // The scratch layout of an Attention node.
+  AttentionWork attention_work(const Node& n) const;
   // Per-node wall time (ns, summed over runs) when profiling is on; measured by thread 0.
   void set_profiling(bool on);
   const std::vector<uint64_t>& node_times() const { return node_ns_; }
@@ -203,6 +235,7 @@ class Graph {
  private:
   size_t max_bytes(const Tensor& t) const;
   size_t node_work_size(const Node& n) const;
+  void check_kv_types(GGMLType k_type, GGMLType v_type) const;
   static void run_task(void* arg, int ith, int nth);
 
   std::vector<Tensor> tensors_;

@@ -1,12 +1,22 @@
-// Attention over the F16 KV cache. Phase 1 writes the batch's K and V rows into the cache at
-// (sequence, position); phase 2 computes, for every (token, head), softmax(q.K^T * scale) V
-// over the positions that token may see: its own sequence, positions <= its own, and with a
-// sliding window w only the last w of them. Non-causal attention (encoders, AttentionParams::causal false) sees
-// every position of its sequence up to the last one in the batch. With ALiBi (jina-bert-v2) the
-// scaled score of position j from position i gets -slope(h) |i - j|, head h's slope as ggml's
-// (max bias b, n = n_head rounded down to a power of 2): 2^(-b (h + 1) / n) for h < n, else
+// Attention over the KV cache. Phase 1 writes the batch's K and V rows into the cache at
+// (sequence, position), in the cache's types (F32, F16 or Q8_0); phase 2 computes, for every
+// (token, head), softmax(q.K^T * scale) V over the positions that token may see: its own
+// sequence, positions <= its own, and with a sliding window w only the last w of them.
+// Non-causal attention (encoders, AttentionParams::causal false) sees every position of its
+// sequence up to the last one in the batch. With ALiBi (jina-bert-v2) the scaled score of
+// position j from position i gets -slope(h) |i - j|, head h's slope as ggml's (max bias b,
+// n = n_head rounded down to a power of 2): 2^(-b (h + 1) / n) for h < n, else
 // 2^(-b (2 (h - n) + 1) / (2 n)). Grouped-query attention maps query head h to KV
 // head h / (n_head / n_kv_head) by index; nothing is copied.
+//
+// Phase 2 is tiled as flash attention is (Dao et al. 2022): the cached rows of one KV head are
+// converted to F32 kAttnBlock positions at a time and every query row that reads them is
+// updated with an online softmax (running max m and sum l; a block with max m' rescales the
+// output and l by exp(m - m')), so no score row longer than a block exists. A prompt's tokens
+// of one sequence form tiles of up to kAttnLanes (token, head) rows on one KV head, so each
+// block of keys and values is read and converted once for the whole tile; a lone token (decode)
+// is a tile of its heads, and when it is the whole batch the threads split its positions and
+// combine their partial softmaxes.
 //
 // Multi-head latent attention (DeepSeek-V2/V3) caches per token only the compressed latent c
 // (kv_lora_rank) and the rotary key k_pe, one row shared by all heads, and computes in the
@@ -17,6 +27,8 @@
 // head's output by W_UV. No per-head key or value is formed, in prefill or decode.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "core/fp16.h"
 #include "core/mathfn.h"
@@ -25,13 +37,17 @@
 #include <immintrin.h>
 #endif
 
+// The vector type of the tiled attention is passed between inline functions only.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace ember {
 namespace EMBER_ISA_NS {
 
 namespace {
 
-// Query heads that share a KV head are computed together, so each F16 key and value row is
-// converted once for all of them; per head the sums run in the same order as for one head alone.
+// Multi-head latent attention: query heads are computed together, so each F16 key and value
+// row is converted once for all of them; per head the sums run in the same order as for one
+// head alone.
 constexpr int kMaxHeads = 4;  // heads per pass (accumulators in registers)
 
 constexpr int64_t kPrefetchAhead = 8;  // positions
@@ -193,8 +209,6 @@ struct HeadsPass {
   int64_t key_dim, value_dim, first, pos, n_ctx;
   float scale, softcap;
   float *scores, *acc, *y;
-  const float* alibi = nullptr;  // the G heads' ALiBi slopes, or none
-  int64_t query_pos = 0;         // the query's position (ALiBi's distances)
 };
 
 // ALiBi's slope of head h of n_head (ggml's soft_max max_bias).
@@ -215,13 +229,6 @@ void attend(const HeadsPass& p) {
     if (p.values.base != p.keys.base) prefetch_bytes(p.values.row(j), value_bytes);
     dots_f32_f16<G>(p.q, p.keys.row(j), p.key_dim, p.scores + j, p.n_ctx);
   }
-  if (p.alibi) {  // the bias before the scale softmax_in_place applies: -slope |i - j| / scale
-    for (int g = 0; g < G; ++g) {
-      const float step = p.alibi[g] / p.scale;
-      float* s = p.scores + g * p.n_ctx;
-      for (int64_t j = p.first; j <= p.pos; ++j) s[j] -= step * static_cast<float>(std::abs(j - p.query_pos));
-    }
-  }
   float inv_sum[G];
   for (int g = 0; g < G; ++g)
     inv_sum[g] = 1.0f / softmax_in_place(p.scores + g * p.n_ctx + p.first, p.pos + 1 - p.first, p.scale, p.softcap);
@@ -240,45 +247,298 @@ void attend_run(const HeadsPass& p, int64_t run) {
   }
 }
 
-// Heads h0 .. h0 + run - 1 of token t, all on KV head kvh, over positions up to pos.
-void attend_heads(const Node& n, const AttentionParams& a, ExecContext& ctx, KVCache& cache, int64_t t, int64_t h0,
-                  int64_t kvh, int64_t pos, int64_t run, float* scores, float* acc) {
-  const int64_t head_dim = a.head_dim, window = a.window;
-  const int64_t seq = ctx.seq_ids[t];
-  HeadsPass p;
-  p.q = operand_row(ctx, src_tensor(ctx, n, 0), t) + h0 * head_dim;
-  p.keys = {cache.k_row(seq, 0) + kvh * head_dim, cache.k_elems};
-  p.values = {cache.v_row(seq, 0) + kvh * head_dim, cache.v_elems};
-  p.key_dim = p.value_dim = head_dim;
-  p.first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-  p.pos = pos;
-  p.n_ctx = cache.n_ctx;
-  p.scale = a.scale;
-  p.softcap = a.softcap;
-  p.scores = scores;
-  p.acc = acc;
-  p.y = row_f32(ctx, out_tensor(ctx, n), t) + h0 * head_dim;
-  float slopes[kMaxHeads];
-  if (a.alibi_max_bias > 0.0f) {
-    for (int64_t g = 0; g < run; ++g) slopes[g] = alibi_slope(h0 + g, a.n_head, a.alibi_max_bias);
-    p.alibi = slopes;
-    p.query_pos = ctx.positions[t];
-  }
-  attend_run(p, run);
+// -- tiled attention over the KV cache --------------------------------------------------------
+// Every query row's arithmetic is the same whichever rows share its tile (a prompt's or a lone
+// token's), and its blocks start at multiples of kAttnBlock: a token's result does not depend on
+// how the batch was cut, except for a lone token split across threads (attend_split).
+
+#if defined(__AVX512F__)
+constexpr int kW = 16;  // floats per vector; also keys per group of dot products
+#else
+constexpr int kW = 8;
+#endif
+typedef float fvec __attribute__((vector_size(kW * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(kW * sizeof(float))));
+static_assert(kAttnBlock % kW == 0, "a block is whole key groups");
+
+inline fvec loadv(const float* p) {
+  fvec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storev(float* p, fvec v) { std::memcpy(p, &v, sizeof v); }
+inline fvec splat(float x) { return fvec{} + x; }
+inline float hsum(fvec v) {
+  for (int w = kW / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) v[i] += v[i + w];
+  return v[0];
+}
+inline float hmax(fvec v) {
+  float m = v[0];
+  for (int i = 1; i < kW; ++i) m = std::max(m, v[i]);
+  return m;
 }
 
-void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth) {
-  const Tensor &k = src_tensor(ctx, n, 1), &v = src_tensor(ctx, n, 2);
-  const Range rows = split(ctx.n_tokens, ith, nth);
-  for (int64_t t = rows.begin; t < rows.end; ++t) {
-    const float *kr = operand_row(ctx, k, t), *vr = operand_row(ctx, v, t);
-    uint16_t* kd = cache.k_row(ctx.seq_ids[t], ctx.positions[t]);
-    uint16_t* vd = cache.v_row(ctx.seq_ids[t], ctx.positions[t]);
-    for (int64_t c = 0; c < cache.k_elems; ++c) {
-      kd[c] = fp32_to_fp16(kr[c]);
-      vd[c] = fp32_to_fp16(vr[c]);
+// exp_approx on a vector: the same range reduction and polynomial; rounding to the nearest
+// integer by adding and subtracting 1.5 * 2^23 (|x log2 e| < 2^22 after the clamp).
+inline fvec exp_v(fvec x) {
+  using namespace exp_consts;
+  x = x < kMin ? splat(kMin) : x;
+  x = x > kMax ? splat(kMax) : x;
+  const fvec n = (x * kLog2e + 12582912.0f) - 12582912.0f;
+  fvec r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  fvec p = splat(kPoly[0]);
+  for (int i = 1; i < 7; ++i) p = p * r + kPoly[i];
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  fvec scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// c(x * scale): the scaled score, capped softly (cap tanh(x / cap)) when softcap > 0.
+inline fvec capped(fvec x, float scale, float softcap) {
+  x *= scale;
+  if (softcap > 0.0f) x = softcap * (1.0f - 2.0f / (exp_v(x * (2.0f / softcap)) + 1.0f));
+  return x;
+}
+
+// Dot products of one query with kW keys: kW accumulators of partial sums, then a reduction
+// network. Round H adds, for each key, lane k and lane k + H of its 2H partial sums and packs
+// two vectors' keys into one (the first's keys, then the second's), until lane i holds key i's sum.
+constexpr int reduce_lane(int h, bool hi, int i) {
+  const int half = kW / 2, source = i < half ? 0 : kW, k = i % half;
+  return source + (k / h) * 2 * h + k % h + (hi ? h : 0);
+}
+template <int H, bool Hi, size_t... I>
+[[gnu::always_inline]] inline fvec reduce_shuffle(fvec x, fvec y, std::index_sequence<I...>) {
+  return __builtin_shufflevector(x, y, reduce_lane(H, Hi, static_cast<int>(I))...);
+}
+// a[0 .. 2H - 1] -> a[0 .. H - 1], then the rounds below.
+template <int H>
+[[gnu::always_inline]] inline void reduce_rounds(fvec* a) {
+  using Lanes = std::make_index_sequence<kW>;
+  for (int i = 0; i < H; ++i)
+    a[i] = reduce_shuffle<H, false>(a[2 * i], a[2 * i + 1], Lanes{}) + reduce_shuffle<H, true>(a[2 * i], a[2 * i + 1], Lanes{});
+  if constexpr (H > 1) reduce_rounds<H / 2>(a);
+}
+
+// Lane i: dot(q, key i) over d elements (a multiple of kW), the keys d floats apart.
+[[gnu::always_inline]] inline fvec key_dots(const float* q, const float* keys, int64_t d) {
+  fvec acc[kW];
+  for (int i = 0; i < kW; ++i) acc[i] = fvec{};
+  for (int64_t c = 0; c < d; c += kW) {
+    const fvec qc = loadv(q + c);
+    for (int i = 0; i < kW; ++i) acc[i] += qc * loadv(keys + i * d + c);
+  }
+  reduce_rounds<kW / 2>(acc);
+  return acc[0];
+}
+
+// One cached row of n elements (F32, F16 or Q8_0) as floats, inline: a block converts 64 rows.
+inline void row_to_f32(GGMLType type, const uint8_t* src, float* dst, int64_t n) {
+  if (type == GGMLType::F16) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+#elif defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+    for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+  } else if (type == GGMLType::Q8_0) {
+    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(src);
+    for (int64_t k = 0; k < n / QK8_0; ++k) {
+      const float d = fp16_to_fp32(b[k].d);
+      for (int j = 0; j < QK8_0; ++j) dst[k * QK8_0 + j] = d * static_cast<float>(b[k].qs[j]);
+    }
+  } else {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+}
+
+// The cached rows of one KV head of one sequence, converted to F32 rows of n elements.
+struct CachedHead {
+  const uint8_t* base;  // position 0
+  size_t stride;        // bytes from one position to the next
+  GGMLType type;
+  int64_t n;
+  // Positions j0 .. j0 + count - 1 into dst (rows padded_head_dim(n) apart; the padding is left
+  // as it is), prefetching the block after them.
+  void load(int64_t j0, int64_t count, int64_t end, float* dst) const {
+    const int64_t row = padded_head_dim(n);
+    for (int64_t j = 0; j < count; ++j) {
+      if (j0 + j + kAttnBlock < end) __builtin_prefetch(base + (j0 + j + kAttnBlock) * stride);
+      row_to_f32(type, base + (j0 + j) * stride, dst + j * row, n);
     }
   }
+};
+
+CachedHead cached_head(const ExecContext& ctx, const KVCache& cache, bool values, int64_t seq, int64_t kvh,
+                       int64_t head_dim) {
+  const GGMLType type = values ? cache.v_type : cache.k_type;
+  const size_t stride = values ? cache.v_bytes : cache.k_bytes;
+  const ZeroPages& rows = values ? cache.v : cache.k;
+  const uint8_t* base = rows.get() + seq * cache.n_ctx * stride + row_bytes(type, kvh * head_dim);
+  return {base, stride, type, head_dim};
+}
+
+// Per-thread scratch (AttentionWork): keys and values of a block, queries, scores (a row's
+// kAttnBlock apart), a segment's outputs, the merged outputs, and per row the running max, sum
+// and last rescaling of the segment and the max and sum of the merged ones. Rows of keys,
+// values, queries and outputs are padded_head_dim floats, the padding zero.
+struct Scratch {
+  float *keys, *values, *queries, *scores, *out, *result, *stats;
+  float* max() const { return stats; }  // of the current segment
+  float* sum() const { return stats + kAttnLanes; }
+  float* rescale() const { return stats + 2 * kAttnLanes; }
+  float* total_max() const { return stats + 3 * kAttnLanes; }  // of the segments merged into result
+  float* total_sum() const { return stats + 4 * kAttnLanes; }
+};
+
+// Up to kAttnLanes query rows on one KV head of one sequence, each seeing positions
+// [first, last]; with ALiBi, each row's head slope and token position.
+struct QueryRows {
+  int64_t n = 0;
+  const float* q[kAttnLanes];
+  int64_t first[kAttnLanes], last[kAttnLanes], pos[kAttnLanes];
+  float slope[kAttnLanes];
+};
+
+// Zero padding of the scratch rows, then the queries copied into it.
+void prepare_rows(const QueryRows& rows, int64_t d, const Scratch& w) {
+  const int64_t dp = padded_head_dim(d);
+  if (dp != d) {
+    std::fill(w.keys, w.keys + kAttnBlock * dp, 0.0f);
+    std::fill(w.values, w.values + kAttnBlock * dp, 0.0f);
+    std::fill(w.queries, w.queries + rows.n * dp, 0.0f);
+  }
+  for (int64_t r = 0; r < rows.n; ++r) std::copy(rows.q[r], rows.q[r] + d, w.queries + r * dp);
+}
+
+// One block's scores of one row: scaled, capped, biased by -slope |j - pos| (ALiBi, slope > 0),
+// masked to [first, last], then the online softmax step: the new max, the old outputs'
+// rescaling exp(m - m'), the weights exp(s - m') in place of the scores and their sum added to l.
+inline void softmax_block(float* s, int64_t groups, int64_t j0, int64_t first, int64_t last, float scale,
+                          float softcap, float slope, int64_t pos_q, float& m, float& l, float& rescale) {
+  fvec iota;
+  for (int i = 0; i < kW; ++i) iota[i] = static_cast<float>(i);
+  const fvec lo = splat(static_cast<float>(first)), hi = splat(static_cast<float>(last));
+  fvec block_max = splat(-INFINITY);
+  for (int64_t g = 0; g < groups; ++g) {
+    const fvec pos = iota + static_cast<float>(j0 + g * kW);
+    fvec x = capped(loadv(s + g * kW), scale, softcap);
+    if (slope > 0.0f) {
+      const fvec distance = pos - static_cast<float>(pos_q);
+      x -= slope * (distance < 0.0f ? -distance : distance);
+    }
+    x = (pos >= lo) & (pos <= hi) ? x : splat(-INFINITY);
+    storev(s + g * kW, x);
+    block_max = block_max > x ? block_max : x;
+  }
+  const float m_new = std::max(m, hmax(block_max));
+  const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row that has seen nothing yet
+  rescale = exp_v(splat(m - shift))[0];
+  fvec sum = fvec{};
+  for (int64_t g = 0; g < groups; ++g) {
+    const fvec x = loadv(s + g * kW), e = x == splat(-INFINITY) ? fvec{} : exp_v(x - splat(shift));
+    storev(s + g * kW, e);
+    sum += e;
+  }
+  l = l * rescale + hsum(sum);
+  m = m_new;
+}
+
+// out[i][c0 ..] += sum over j < nb of w[i][j] v[j][c0 ..], for R rows and CV vectors of columns.
+template <int R, int CV>
+[[gnu::always_inline]] inline void weigh_values(float* out, const float* w, const float* v, int64_t d, int64_t c0, int64_t nb) {
+  fvec acc[R][CV];
+  for (int i = 0; i < R; ++i)
+    for (int u = 0; u < CV; ++u) acc[i][u] = loadv(out + i * d + c0 + u * kW);
+  for (int64_t j = 0; j < nb; ++j) {
+    fvec vj[CV];
+    for (int u = 0; u < CV; ++u) vj[u] = loadv(v + j * d + c0 + u * kW);
+    for (int i = 0; i < R; ++i) {
+      const float wij = w[i * kAttnBlock + j];
+      for (int u = 0; u < CV; ++u) acc[i][u] += wij * vj[u];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int u = 0; u < CV; ++u) storev(out + i * d + c0 + u * kW, acc[i][u]);
+}
+
+#if defined(__AVX512F__)
+constexpr int kValueVecs = 4;  // column vectors per pass of weigh_values (R rows x this in registers)
+#define EMBER_VALUE_ROWS 4, 2, 1
+#else
+constexpr int kValueVecs = 2;
+#define EMBER_VALUE_ROWS 2, 1
+#endif
+
+// The outputs of n rows (d apart, a multiple of kW; already rescaled) plus their weights times
+// the block's values.
+void add_weighted_values(float* out, const float* w, const float* v, int64_t n, int64_t d, int64_t nb) {
+  for_each_group<EMBER_VALUE_ROWS>(static_cast<int>(n), [&](auto rows, int r) {
+    constexpr int R = decltype(rows)::value;
+    float* o = out + r * d;
+    const float* wr = w + r * kAttnBlock;
+    int64_t c0 = 0;
+    for (; c0 + kValueVecs * kW <= d; c0 += kValueVecs * kW) weigh_values<R, kValueVecs>(o, wr, v, d, c0, nb);
+    for (; c0 < d; c0 += kW) weigh_values<R, 1>(o, wr, v, d, c0, nb);
+  });
+}
+#undef EMBER_VALUE_ROWS
+
+// The online softmax of the rows over the positions of one segment, [s0, s0 + kAttnSegment)
+// within [lo, hi], block by block: scores of kW keys at a time, the softmax step per row, the
+// outputs rescaled, the weighted values added. Leaves the unnormalised outputs in w.out, the
+// maxima and sums in w.max() and w.sum(). One copy of the code for every caller (noinline), so
+// a row's partial result is the same bits in a tile and in a split.
+__attribute__((noinline)) void attend_segment(const QueryRows& rows, const CachedHead& keys, const CachedHead& values,
+                                              float scale, float softcap, int64_t s0, int64_t lo, int64_t hi,
+                                              const Scratch& w) {
+  const int64_t d = padded_head_dim(keys.n);
+  for (int64_t r = 0; r < rows.n; ++r) w.max()[r] = -INFINITY, w.sum()[r] = 0.0f;
+  std::fill(w.out, w.out + rows.n * d, 0.0f);
+  const int64_t from = std::max(lo, s0), to = std::min(hi, s0 + kAttnSegment - 1);
+  for (int64_t j0 = from / kAttnBlock * kAttnBlock; j0 <= to; j0 += kAttnBlock) {
+    const int64_t nb = std::min(kAttnBlock, to + 1 - j0), groups = (nb + kW - 1) / kW;
+    keys.load(j0, nb, to + 1, w.keys);
+    std::fill(w.keys + nb * d, w.keys + groups * kW * d, 0.0f);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      float* s = w.scores + r * kAttnBlock;
+      for (int64_t g = 0; g < groups; ++g) storev(s + g * kW, key_dots(w.queries + r * d, w.keys + g * kW * d, d));
+      softmax_block(s, groups, j0, rows.first[r], rows.last[r], scale, softcap, rows.slope[r], rows.pos[r],
+                    w.max()[r], w.sum()[r], w.rescale()[r]);
+      for (int64_t c = 0; c < d; ++c) w.out[r * d + c] *= w.rescale()[r];
+    }
+    values.load(j0, nb, to + 1, w.values);
+    add_weighted_values(w.out, w.scores, w.values, rows.n, d, nb);
+  }
+}
+
+// A running result (y, m, l: d floats, a multiple of kW) takes in a segment's partial (o, m_s,
+// l_s): the one with the smaller max is scaled by exp(its max - the larger), so each update has
+// one product per element.
+__attribute__((noinline)) void merge_partial(float* y, float& m, float& l, const float* o, float m_s, float l_s,
+                                             int64_t d) {
+  if (l_s == 0.0f) return;  // the row saw no position of the segment
+  if (m_s > m) {
+    const float a = exp_v(splat(m - m_s))[0];
+    for (int64_t c = 0; c < d; c += kW) storev(y + c, loadv(y + c) * a + loadv(o + c));
+    l = l * a + l_s;
+    m = m_s;
+  } else {
+    const float b = exp_v(splat(m_s - m))[0];
+    for (int64_t c = 0; c < d; c += kW) storev(y + c, loadv(o + c) * b + loadv(y + c));
+    l = l_s * b + l;
+  }
+}
+
+__attribute__((noinline)) void store_output(float* dst, const float* y, float l, int64_t d) {
+  const float inv = 1.0f / l;
+  for (int64_t c = 0; c < d; ++c) dst[c] = y[c] * inv;
 }
 
 // The last position token t sees: its own, or (non-causal) the largest of its sequence in the batch.
@@ -290,25 +550,122 @@ int64_t last_visible(const AttentionParams& p, const ExecContext& ctx, int64_t t
   return last;
 }
 
+int64_t first_visible(const AttentionParams& p, const ExecContext& ctx, int64_t t) {
+  return p.window > 0 ? std::max<int64_t>(0, ctx.positions[t] - p.window + 1) : 0;
+}
+
+// A tile: tokens t0 .. t0 + n_tokens - 1 (one sequence) x their heads h0 .. h0 + n_heads - 1 of
+// KV head kvh, row r = (token r / n_heads, head r % n_heads), segment after segment.
+void attend_tile(const Node& n, const AttentionParams& a, ExecContext& ctx, const KVCache& cache, int64_t t0,
+                 int64_t n_tokens, int64_t kvh, int64_t h0, int64_t n_heads, const Scratch& w) {
+  const int64_t d = a.head_dim, dp = padded_head_dim(d), group = a.n_head / a.n_kv_head, seq = ctx.seq_ids[t0];
+  const Tensor &q = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
+  QueryRows rows;
+  rows.n = n_tokens * n_heads;
+  int64_t lo = INT64_MAX, hi = -1;
+  for (int64_t r = 0; r < rows.n; ++r) {
+    const int64_t t = t0 + r / n_heads, h = kvh * group + h0 + r % n_heads;
+    rows.q[r] = operand_row(ctx, q, t) + h * d;
+    rows.first[r] = first_visible(a, ctx, t), rows.last[r] = last_visible(a, ctx, t), rows.pos[r] = ctx.positions[t];
+    rows.slope[r] = a.alibi_max_bias > 0.0f ? alibi_slope(h, a.n_head, a.alibi_max_bias) : 0.0f;
+    lo = std::min(lo, rows.first[r]), hi = std::max(hi, rows.last[r]);
+    w.total_max()[r] = -INFINITY, w.total_sum()[r] = 0.0f;
+  }
+  prepare_rows(rows, d, w);
+  std::fill(w.result, w.result + rows.n * dp, 0.0f);
+  const CachedHead keys = cached_head(ctx, cache, false, seq, kvh, d), values = cached_head(ctx, cache, true, seq, kvh, d);
+  for (int64_t s0 = lo / kAttnSegment * kAttnSegment; s0 <= hi; s0 += kAttnSegment) {
+    attend_segment(rows, keys, values, a.scale, a.softcap, s0, lo, hi, w);
+    for (int64_t r = 0; r < rows.n; ++r)
+      merge_partial(w.result + r * dp, w.total_max()[r], w.total_sum()[r], w.out + r * dp, w.max()[r], w.sum()[r], dp);
+  }
+  for (int64_t r = 0; r < rows.n; ++r)
+    store_output(row_f32(ctx, out, t0 + r / n_heads) + (kvh * group + h0 + r % n_heads) * d, w.result + r * dp,
+                 w.total_sum()[r], d);
+}
+
+// -- the op ---
+
+void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth) {
+  const Tensor &k = src_tensor(ctx, n, 1), &v = src_tensor(ctx, n, 2);
+  const QuantizeRowFn to_k = ctx.kernels->of(cache.k_type).quantize_row, to_v = ctx.kernels->of(cache.v_type).quantize_row;
+  const Range rows = split(ctx.n_tokens, ith, nth);
+  for (int64_t t = rows.begin; t < rows.end; ++t) {
+    to_k(operand_row(ctx, k, t), cache.k_row(ctx.seq_ids[t], ctx.positions[t]), cache.k_elems);
+    to_v(operand_row(ctx, v, t), cache.v_row(ctx.seq_ids[t], ctx.positions[t]), cache.v_elems);
+  }
+}
+
+// A batch of one token with G <= kAttnLanes heads per KV head: the threads share out its
+// (KV head, segment) pairs, leave each head's partial output, max and sum per segment, then
+// merge some heads' segments in order, as a tile does.
+void attend_split(const Node& n, const AttentionParams& a, ExecContext& ctx, const KVCache& cache,
+                  const AttentionWork& work, const Scratch& w, int ith, int nth) {
+  const int64_t d = a.head_dim, dp = padded_head_dim(d), G = a.n_head / a.n_kv_head;
+  const int64_t stride = static_cast<int64_t>(work.partial_floats), seq = ctx.seq_ids[0];
+  const int64_t first = first_visible(a, ctx, 0), last = last_visible(a, ctx, 0);
+  const int64_t seg0 = first / kAttnSegment, n_segs = last / kAttnSegment - seg0 + 1;
+  float* partials = reinterpret_cast<float*>(ctx.arena + n.work_offset + work.partials);
+  auto partial = [&](int64_t h, int64_t seg) { return partials + (h * n_segs + seg) * stride; };
+  const float* q = operand_row(ctx, src_tensor(ctx, n, 0), 0);
+  const Range items = split(a.n_kv_head * n_segs, ith, nth);
+  for (int64_t item = items.begin; item < items.end; ++item) {
+    const int64_t kvh = item / n_segs, seg = item % n_segs;
+    QueryRows rows;
+    rows.n = G;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = kvh * G + g;
+      rows.q[g] = q + h * d, rows.first[g] = first, rows.last[g] = last, rows.pos[g] = ctx.positions[0];
+      rows.slope[g] = a.alibi_max_bias > 0.0f ? alibi_slope(h, a.n_head, a.alibi_max_bias) : 0.0f;
+    }
+    prepare_rows(rows, d, w);
+    attend_segment(rows, cached_head(ctx, cache, false, seq, kvh, d), cached_head(ctx, cache, true, seq, kvh, d),
+                   a.scale, a.softcap, (seg0 + seg) * kAttnSegment, first, last, w);
+    for (int64_t g = 0; g < G; ++g) {
+      float* part = partial(kvh * G + g, seg);
+      std::copy(w.out + g * dp, w.out + (g + 1) * dp, part);
+      part[dp] = w.max()[g], part[dp + 1] = w.sum()[g];
+    }
+  }
+  ctx.barrier();
+  float* y = row_f32(ctx, out_tensor(ctx, n), 0);
+  const Range heads = split(a.n_head, ith, nth);
+  for (int64_t h = heads.begin; h < heads.end; ++h) {
+    float m = -INFINITY, l = 0.0f;
+    std::fill(w.result, w.result + dp, 0.0f);
+    for (int64_t seg = 0; seg < n_segs; ++seg) {
+      const float* part = partial(h, seg);
+      merge_partial(w.result, m, l, part, part[dp], part[dp + 1], dp);
+    }
+    store_output(y + h * d, w.result, l, d);
+  }
+}
+
 void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
-  const AttentionParams& p = n.as<AttentionParams>();
-  const int64_t n_head = p.n_head, n_kv_head = p.n_kv_head;
-  KVCache& cache = ctx.graph->kv(p.kv_layer);
+  const AttentionParams& a = n.as<AttentionParams>();
+  KVCache& cache = ctx.graph->kv(a.kv_layer);
   store_kv(n, ctx, cache, ith, nth);
   ctx.barrier();
 
-  const int64_t group = n_head / n_kv_head;
-  float* scores = reinterpret_cast<float*>(ctx.arena + n.work_offset + ith * (n.work_size / ctx.pool->size()));
-  float* acc = scores + kMaxHeads * cache.n_ctx;
-  // Items are (token, head) pairs; a thread takes its range in runs of heads that share a KV head.
-  const Range items = split(ctx.n_tokens * n_head, ith, nth);
-  int64_t last_t = -1, pos = 0;
-  for (int64_t item = items.begin; item < items.end;) {
-    const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
-    if (t != last_t) last_t = t, pos = last_visible(p, ctx, t);
-    const int64_t run = std::min({items.end - item, (kvh + 1) * group - h, int64_t{kMaxHeads}});
-    attend_heads(n, p, ctx, cache, t, h, kvh, pos, run, scores, acc);
-    item += run;
+  const AttentionWork work = ctx.graph->attention_work(n);
+  uint8_t* mine = ctx.arena + n.work_offset + ith * work.per_thread;
+  auto at = [&](size_t offset) { return reinterpret_cast<float*>(mine + offset); };
+  const Scratch w{at(work.keys),   at(work.values), at(work.queries), at(work.scores),
+                  at(work.out),    at(work.result), at(work.stats)};
+  const int64_t G = a.n_head / a.n_kv_head;
+  if (ctx.n_tokens == 1 && G <= kAttnLanes && nth > 1) return attend_split(n, a, ctx, cache, work, w, ith, nth);
+
+  // Tasks in a fixed order, task i to thread i % nth: for each run of consecutive tokens of one
+  // sequence, each KV head's tiles of at most kAttnLanes (token, head) rows.
+  const int64_t n_heads = std::min<int64_t>(G, kAttnLanes), n_tok = kAttnLanes / n_heads;
+  int64_t task = 0;
+  for (int64_t t0 = 0, t1; t0 < ctx.n_tokens; t0 = t1) {
+    for (t1 = t0 + 1; t1 < ctx.n_tokens && ctx.seq_ids[t1] == ctx.seq_ids[t0];) ++t1;
+    for (int64_t kvh = 0; kvh < a.n_kv_head; ++kvh)
+      for (int64_t h0 = 0; h0 < G; h0 += n_heads)
+        for (int64_t t = t0; t < t1; t += n_tok)
+          if (task++ % nth == ith)
+            attend_tile(n, a, ctx, cache, t, std::min(n_tok, t1 - t), kvh, h0, std::min(n_heads, G - h0), w);
   }
 }
 
@@ -395,7 +752,7 @@ void op_mla_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
   // 1. The cache rows [c | k_pe] of the batch; the no-rope queries in attn_k_b's activation format.
   const Range tokens = split(T, ith, nth);
   for (int64_t t = tokens.begin; t < tokens.end; ++t) {
-    uint16_t* row = cache.k_row(ctx.seq_ids[t], ctx.positions[t]);
+    uint16_t* row = reinterpret_cast<uint16_t*>(cache.k_row(ctx.seq_ids[t], ctx.positions[t]));
     const float *cr = operand_row(ctx, c, t), *pr = operand_row(ctx, k_pe, t);
     for (int64_t i = 0; i < rank; ++i) row[i] = fp32_to_fp16(cr[i]);
     for (int64_t i = 0; i < rope; ++i) row[rank + i] = fp32_to_fp16(pr[i]);
@@ -422,7 +779,7 @@ void op_mla_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
     const int64_t seq = ctx.seq_ids[t];
     HeadsPass p;
     p.q = query + item * q_dim;
-    p.keys = p.values = {cache.k_row(seq, 0), cache.k_elems};
+    p.keys = p.values = {reinterpret_cast<const uint16_t*>(cache.k_row(seq, 0)), cache.k_elems};
     p.key_dim = q_dim;
     p.value_dim = rank;
     p.first = 0;

@@ -26,17 +26,13 @@ struct ExpertWork {
 inline ExpertWork expert_work(int64_t n_experts, int64_t slots, int64_t K, int64_t N, GGMLType act_type,
                               bool panels, bool dequantized, int n_threads) {
   ExpertWork w;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t start = at;
-    at += align_up(bytes);
-    return start;
-  };
+  ScratchLayout layout;
+  auto take = [&](size_t bytes) { return layout.take(bytes); };
   w.offsets = take(static_cast<size_t>(n_experts + 1) * sizeof(int32_t));
   w.order = take(static_cast<size_t>(slots) * sizeof(int32_t));
   w.position = take(static_cast<size_t>(slots) * sizeof(int32_t));
-  w.group_stride = at;
-  at *= static_cast<size_t>(n_threads);
+  w.group_stride = layout.end;
+  layout.end *= static_cast<size_t>(n_threads);
   w.act_stride = align_up(row_bytes(act_type, K));
   w.act = take(static_cast<size_t>(slots) * w.act_stride);
   // Each expert's panels start a new panel: at most slots / kPanelTokens + one partial per expert.
@@ -44,7 +40,7 @@ inline ExpertWork expert_work(int64_t n_experts, int64_t slots, int64_t K, int64
   w.panels = take(panels ? static_cast<size_t>(max_panels) * panel_bytes(K) : 0);
   w.out = take(static_cast<size_t>(slots) * N * sizeof(float));
   w.f32_rows = take(dequantized ? static_cast<size_t>(n_threads) * align_up(kDequantRows * K * sizeof(float)) : 0);
-  w.size = at;
+  w.size = layout.end;
   return w;
 }
 

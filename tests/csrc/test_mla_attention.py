@@ -82,7 +82,7 @@ class ReferenceMLA:
 
 class CoreMLA:
     def __init__(self, shape: Shape, kind: GGMLType, data_k, data_v, n_ctx, n_seq=1, scale=None, max_tokens=64,
-                 float_activations=False, n_threads=2):
+                 float_activations=False, n_threads=2, type_k=GGMLType.F16):
         s = shape
         self.g = _core.Graph(n_threads, float_activations)
         q = self.g.input(s.n_head * (s.nope + s.rope))
@@ -91,7 +91,7 @@ class CoreMLA:
         wv = self.g.weight(int(kind), s.rank, s.n_head * s.value, data_v)
         scale = 1.0 / math.sqrt(s.nope + s.rope) if scale is None else scale
         self.g.set_output(self.g.mla_attention(q, c, k_pe, wk, wv, s.n_head, s.rank, s.rope, s.nope, s.value, scale))
-        self.g.plan(max_tokens, max_tokens, n_ctx, n_seq)
+        self.g.plan(max_tokens, max_tokens, n_ctx, n_seq, type_k=int(type_k))
 
     def __call__(self, q, c, k_pe, positions, seq_ids):
         n = len(q)
@@ -200,3 +200,8 @@ def test_shapes_that_do_not_fit_are_refused(change, message):
     wv = g.weight(F32, s.rank, v_rows, np.zeros(v_rows * s.rank, np.float32))
     with pytest.raises(ValueError, match=message):
         g.mla_attention(q, c, k_pe, wk, wv, change.get("n_head", s.n_head), s.rank, s.rope, s.nope, s.value, 0.1)
+
+
+def test_the_latent_cache_is_f16_only():
+    with pytest.raises(ValueError, match="multi-head latent attention caches its latent in f16 only"):
+        pair(Shape(), GGMLType.F32, type_k=GGMLType.Q8_0)

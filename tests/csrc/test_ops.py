@@ -7,8 +7,8 @@ Activations are F32 and the references compute in float64. Tolerances, per kind 
   about 1e-7 absolute near 0;
 - RMSNorm, LayerNorm: rtol 2e-6 (the sum runs in double, then a few float32 roundings);
 - RoPE: atol 4e-7 x position x max|x|, because theta is computed in float32 (as in llama.cpp);
-- attention: rtol 1e-5, atol 3e-6 x max|V| (float32 dot products and exp), after rounding K and V to float16
-  exactly as the F16 KV cache stores them.
+- attention: rtol 1e-5, atol 3e-6 x max|V| (float32 dot products and exp), after rounding K and V
+  exactly as the KV cache stores them (float16 by default, Q8_0 blocks, or float32).
 Shapes are odd on purpose: 1 token (decode) and 33 tokens, rows of 67 columns (a SIMD tail).
 Matmul and get_rows by token, for every weight type, are covered in test_kernels.py.
 """
@@ -463,33 +463,37 @@ def test_view_of_a_weight_is_rejected():
         g.view(vector(g, np.zeros(8)), 0, 4)
 
 
-# -- attention over the F16 KV cache -------------------------------------------------------------
+# -- attention over the KV cache -----------------------------------------------------------------
 
 class ReferenceAttention:
-    """numpy model of the core's attention layer: an F16 KV cache of n_seq sequences x n_ctx
-    positions. A batch first writes its K/V rows at (seq, position), then every (token, head)
-    attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window;
+    """numpy model of the core's attention layer: a KV cache of n_seq sequences x n_ctx positions
+    holding K and V rows as the cache types store them (F16 rounding, Q8_0 blocks, F32). A batch
+    first writes its K/V rows at (seq, position), then every (token, head) attends to its own sequence's positions p - window + 1 .. p (all of 0 .. p without a window;
     not causal: all of 0 .. the last position of its sequence in the batch); query head h reads KV
     head h // (n_head / n_kv_head). ALiBi (alibi_max_bias > 0): head h's scaled score of position j
     from position i gets -slope_h |i - j|, the slopes of the ALiBi paper for max bias 8, as ggml
     generalises them to other biases."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 round_to_f16=True, causal=True, alibi_max_bias=0.0):
+                 causal=True, alibi_max_bias=0.0, type_k=GGMLType.F16, type_v=GGMLType.F16, **_):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.window, self.softcap, self.round_to_f16, self.causal = window, softcap, round_to_f16, causal
+        self.window, self.softcap, self.causal = window, softcap, causal
         self.slopes = alibi_slopes(n_head, alibi_max_bias) if alibi_max_bias > 0 else np.zeros(n_head)
+        self.type_k, self.type_v = type_k, type_v
         self.k = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
         self.v = np.zeros((n_seq, n_ctx, n_kv_head, head_dim))
 
-    def _stored(self, rows):
-        rows = rows.astype(np.float16) if self.round_to_f16 else rows
+    def _stored(self, rows, type):
+        if type == GGMLType.F16:
+            rows = rows.astype(np.float16)
+        elif type == GGMLType.Q8_0:
+            rows = dequantize(quantize(rows.astype(np.float32), type), type, rows.shape[::-1]).reshape(rows.shape)
         return rows.astype(np.float64).reshape(-1, self.n_kv_head, self.head_dim)
 
     def __call__(self, q, k, v, positions, seq_ids):
-        self.k[seq_ids, positions] = self._stored(k)
-        self.v[seq_ids, positions] = self._stored(v)
+        self.k[seq_ids, positions] = self._stored(k, self.type_k)
+        self.v[seq_ids, positions] = self._stored(v, self.type_v)
         group = self.n_head // self.n_kv_head
         out = np.zeros((len(q), self.n_head, self.head_dim))
         for t, (pos, seq) in enumerate(zip(positions, seq_ids)):
@@ -523,13 +527,14 @@ class CoreAttention:
     """A graph of one attention layer over inputs q, k, v, planned for max_tokens per batch."""
 
     def __init__(self, n_head, n_kv_head, head_dim, n_ctx, n_seq=1, scale=None, window=0, softcap=0.0,
-                 max_tokens=64, n_threads=2, causal=True, alibi_max_bias=0.0):
+                 max_tokens=64, n_threads=2, causal=True, alibi_max_bias=0.0, type_k=GGMLType.F16,
+                 type_v=GGMLType.F16):
         self.g = _core.Graph(n_threads)
         q, k, v = (self.g.input(n * head_dim) for n in (n_head, n_kv_head, n_kv_head))
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.g.set_output(self.g.attention(q, k, v, n_head, n_kv_head, head_dim, scale, window, softcap, causal,
                                            alibi_max_bias))
-        self.g.plan(max_tokens, max_tokens, n_ctx, n_seq)
+        self.g.plan(max_tokens, max_tokens, n_ctx, n_seq, type_k=int(type_k), type_v=int(type_v))
 
     def __call__(self, q, k, v, positions, seq_ids):
         n = len(q)
@@ -594,7 +599,7 @@ def test_kv_cache_stores_float16(isa):
     """The reference that keeps K/V in float32 is further off than the tolerance: the F16 rounding
     is part of the expected result."""
     core, ref = both(2, 2, 32, 64)
-    exact = ReferenceAttention(2, 2, 32, 64, round_to_f16=False)
+    exact = ReferenceAttention(2, 2, 32, 64, type_k=GGMLType.F32, type_v=GGMLType.F32)
     q, k, v = qkv(33, 2, 2, 32, scale=3.0)
     out, expected = both_run(core, ref, q, k, v, np.arange(33))
     assert_attention_close(out, expected, v)
@@ -761,3 +766,161 @@ def test_attention_rejects_a_bad_alibi_bias(max_bias):
     q, k, v = g.input(32), g.input(32), g.input(32)
     with pytest.raises(ValueError, match="alibi_max_bias"):
         g.attention(q, k, v, 2, 2, 16, 0.25, alibi_max_bias=max_bias)
+
+
+# -- long contexts: several blocks of cached positions, tiles of prompt rows, split decoding ------
+# The core reads the cache in blocks of 64 positions, segments of 256, and takes a prompt's
+# (token, head) rows in tiles of 32; a lone token's segments are shared out among the threads
+# when it is the whole batch. These shapes cross every such boundary.
+
+def prefill_then_decode(n_head, n_kv_head, head_dim, n_prompt, n_decode, n_threads=2, seed=0, input_scale=1.0,
+                        **kwargs):
+    """A prompt of n_prompt tokens in one batch, then n_decode tokens one at a time, on the core
+    and on the reference; asserts each step close."""
+    n_total = n_prompt + n_decode
+    core = CoreAttention(n_head, n_kv_head, head_dim, n_total, max_tokens=n_prompt, n_threads=n_threads, **kwargs)
+    ref = ReferenceAttention(n_head, n_kv_head, head_dim, n_total, **kwargs)
+    q, k, v = qkv(n_total, n_head, n_kv_head, head_dim, seed=seed, scale=input_scale)
+    out, expected = both_run(core, ref, q[:n_prompt], k[:n_prompt], v[:n_prompt], np.arange(n_prompt))
+    assert_attention_close(out, expected, v)
+    for p in range(n_prompt, n_total):
+        out, expected = both_run(core, ref, q[p:p + 1], k[p:p + 1], v[p:p + 1], [p])
+        assert_attention_close(out, expected, v)
+    return core, ref
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("n_head, n_kv_head", [(8, 2), (6, 6), (7, 1)], ids=["gqa", "mha", "mqa"])
+def test_long_prompt_and_decode_at_depth(isa, n_threads, n_head, n_kv_head):
+    """200 prompt tokens (4 blocks, several tiles per KV head), then decode steps at depth 200+."""
+    prefill_then_decode(n_head, n_kv_head, 64, 200, 3, n_threads=n_threads)
+
+
+def test_a_tile_of_more_heads_than_lanes(isa):
+    """40 query heads on one KV head: more than a tile's 32 rows and a lone token's 8 heads."""
+    prefill_then_decode(40, 1, 32, 70, 2)
+
+
+@pytest.mark.parametrize("head_dim", [20, 128])
+def test_long_context_with_odd_and_large_heads(isa, head_dim):
+    prefill_then_decode(4, 2, head_dim, 130, 2)
+
+
+@pytest.mark.parametrize("window", [1, 50, 100])
+def test_sliding_window_over_a_long_context(isa, window):
+    """Gemma's local layers at depth: the window starts inside a block; decode splits what it sees."""
+    prefill_then_decode(4, 2, 32, 260, 3, window=window)
+
+
+def test_softcap_over_a_long_context(isa):
+    prefill_then_decode(4, 2, 32, 150, 2, softcap=5.0, input_scale=3.0)
+
+
+def test_non_causal_attention_over_a_long_sequence(isa):
+    core, ref = both(4, 2, 32, 150, causal=False, max_tokens=150)
+    q, k, v = qkv(150, 4, 2, 32, seed=11)
+    out, expected = both_run(core, ref, q, k, v, np.arange(150))
+    assert_attention_close(out, expected, v)
+
+
+def test_one_sequences_prompt_beside_other_sequences_decode(isa):
+    """A batch of a 70-token prompt of sequence 1 between single tokens of sequences 0 and 2, each
+    at its own depth."""
+    n_head, n_kv_head, head_dim = 4, 2, 32
+    core, ref = both(n_head, n_kv_head, head_dim, 256, n_seq=3, max_tokens=150)
+    q, k, v = qkv(140, n_head, n_kv_head, head_dim, seed=12)
+    both_run(core, ref, q[:140], k[:140], v[:140], np.concatenate([np.arange(70)] * 2), np.repeat([0, 2], 70))
+    q, k, v = qkv(72, n_head, n_kv_head, head_dim, seed=13)
+    positions = np.concatenate([[70], np.arange(70), [70]])
+    out, expected = both_run(core, ref, q, k, v, positions, np.concatenate([[0], np.ones(70, int), [2]]))
+    assert_attention_close(out, expected, v)
+
+
+# -- KV cache types --------------------------------------------------------------------------------
+
+CACHE_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0]
+
+
+@pytest.mark.parametrize("type_k", CACHE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("type_v", CACHE_TYPES, ids=lambda t: t.name)
+def test_attention_over_each_cache_type(isa, type_k, type_v):
+    """The core attends over exactly the values the cache type stores: the reference rounds K and
+    V rows as the type does (Q8_0: blocks of 32 scaled by max|x| / 127, the scale in F16)."""
+    prefill_then_decode(4, 2, 64, 100, 2, type_k=type_k, type_v=type_v, input_scale=3.0)
+
+
+def test_q8_0_cache_is_not_the_f16_cache(isa):
+    """The Q8_0 rounding is part of the expected result: the F16 reference is further off."""
+    core, ref = both(4, 2, 32, 64, type_k=GGMLType.Q8_0, type_v=GGMLType.Q8_0)
+    f16 = ReferenceAttention(4, 2, 32, 64)
+    q, k, v = qkv(40, 4, 2, 32, seed=14, scale=3.0)
+    out, expected = both_run(core, ref, q, k, v, np.arange(40))
+    assert_attention_close(out, expected, v)
+    assert not np.allclose(out, f16(q, k, v, np.arange(40), np.zeros(40, int)), **attention_tolerance(v))
+
+
+@pytest.mark.parametrize("type_k, type_v, bytes_per_element", [
+    (GGMLType.F16, GGMLType.F16, 2 + 2), (GGMLType.F32, GGMLType.F32, 4 + 4),
+    (GGMLType.Q8_0, GGMLType.Q8_0, 34 / 32 * 2), (GGMLType.Q8_0, GGMLType.F16, 34 / 32 + 2)])
+def test_kv_size_follows_the_cache_types(type_k, type_v, bytes_per_element):
+    n_kv_head, head_dim, n_ctx, n_seq = 2, 64, 96, 3
+    core = CoreAttention(4, n_kv_head, head_dim, n_ctx, n_seq=n_seq, type_k=type_k, type_v=type_v)
+    assert core.g.kv_size == n_kv_head * head_dim * n_ctx * n_seq * bytes_per_element
+
+
+def test_q8_0_cache_state_saves_loads_and_copies(isa):
+    n_head, n_kv_head, head_dim = 4, 2, 32
+    q8 = dict(type_k=GGMLType.Q8_0, type_v=GGMLType.Q8_0, max_tokens=90)
+    a, ref = both(n_head, n_kv_head, head_dim, 128, n_seq=2, **q8)
+    q, k, v = qkv(90, n_head, n_kv_head, head_dim, seed=15)
+    both_run(a, ref, q, k, v, np.arange(90))
+    state = a.g.kv_save(0, 90)
+    assert state.size == a.g.kv_size * 90 // (128 * 2)
+    b = CoreAttention(n_head, n_kv_head, head_dim, 128, n_seq=2, **q8)
+    b.g.kv_load(1, 90, state)
+    a.g.kv_copy(0, 1, 90)
+    ref.kv_copy(0, 1, 90)
+    q, k, v = qkv(1, n_head, n_kv_head, head_dim, seed=16)
+    out, expected = both_run(a, ref, q, k, v, [90], [1])
+    assert_attention_close(out, expected, v)
+    np.testing.assert_array_equal(b(q, k, v, np.array([90]), np.array([1])), out)
+    with pytest.raises(ValueError, match="wrong size"):
+        CoreAttention(n_head, n_kv_head, head_dim, 128, n_seq=2).g.kv_load(0, 90, state)  # an F16 cache
+
+
+def test_q8_0_cache_needs_heads_of_whole_blocks():
+    with pytest.raises(ValueError, match="q8_0 KV cache needs a head size that is a multiple of 32, not 20"):
+        CoreAttention(2, 1, 20, 16, type_v=GGMLType.Q8_0)
+
+
+@pytest.mark.parametrize("type", [GGMLType.Q4_0, GGMLType.Q8_1, GGMLType.Q4_K, GGMLType.BF16], ids=lambda t: t.name)
+def test_other_cache_types_are_refused_by_name(type):
+    with pytest.raises(ValueError, match=f"KV cache type {type.name.lower()} is not supported; use f32, f16 or q8_0"):
+        CoreAttention(2, 1, 32, 16, type_k=type)
+
+
+def test_unknown_cache_type_ids_are_refused():
+    with pytest.raises(ValueError, match="KV cache type 77 is not a tensor type"):
+        CoreAttention(2, 1, 32, 16, type_v=77)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("window", [0, 50])
+def test_decoding_at_depth_equals_the_prompt_bit_for_bit(isa, n_threads, window):
+    """A token's output is the same whether it came in a prompt's tile or alone, its positions
+    (several segments of 256) shared out among the threads: what prompt-lookup decoding and
+    incremental decoding rely on."""
+    n_head, n_kv_head, head_dim, n_prompt, n_total = 4, 2, 48, 600, 604
+    q, k, v = qkv(n_total, n_head, n_kv_head, head_dim, seed=17)
+    kwargs = dict(max_tokens=n_total, n_threads=n_threads, window=window)
+    stepwise = CoreAttention(n_head, n_kv_head, head_dim, n_total, **kwargs)
+    steps = [stepwise(q[:n_prompt], k[:n_prompt], v[:n_prompt], np.arange(n_prompt), np.zeros(n_prompt, int))]
+    for p in range(n_prompt, n_total):
+        steps.append(stepwise(q[p:p + 1], k[p:p + 1], v[p:p + 1], np.array([p]), np.zeros(1, int)))
+    one_pass = CoreAttention(n_head, n_kv_head, head_dim, n_total, **kwargs)
+    np.testing.assert_array_equal(np.concatenate(steps), one_pass(q, k, v, np.arange(n_total), np.zeros(n_total, int)))
+
+
+def test_alibi_over_a_long_context(isa):
+    """jina-bert-v2's biases past several blocks and segments, decoded and split as well."""
+    prefill_then_decode(8, 8, 32, 300, 2, alibi_max_bias=8.0, causal=False)
