@@ -14,6 +14,7 @@ import pytest
 import ember
 from ember.api.llama import LLAMA_DEFAULT_SEED, Llama, LlamaPromptLookupDecoding
 from ember.errors import EmberError, EmberWarning, ModelNotFound, Unsupported
+from ember.gguf.types import GGMLType
 from tiny_gguf import EOS_ID, N_CTX_TRAIN, TOKENS, write_tiny_model
 
 
@@ -201,7 +202,7 @@ def test_gpu_layers_are_ignored_with_a_warning(tiny_path):
 
 
 @pytest.mark.parametrize("argument", [dict(lora_path="x.gguf"), dict(rope_freq_base=1e6), dict(vocab_only=True),
-                                      dict(kv_overrides={"a": 1}), dict(type_k=1), dict(n_threads_batch=3)])
+                                      dict(kv_overrides={"a": 1}), dict(swa_full=True), dict(n_threads_batch=3)])
 def test_an_argument_ember_does_not_implement_is_named(tiny_path, argument):
     (name, value), = argument.items()
     with pytest.raises(Unsupported, match=name):
@@ -452,3 +453,23 @@ def test_from_pretrained_takes_a_pattern_and_passes_the_rest_on(tmp_path, monkey
             Llama.from_pretrained("org/Tiny-GGUF", "*Q2_K.gguf", verbose=False)
         with pytest.raises(EmberError, match="2 GGUF models are matching"):
             Llama.from_pretrained("org/Tiny-GGUF", "*.gguf", verbose=False)
+
+
+def test_type_k_and_type_v_choose_the_cache_types_by_ggml_id(tiny_path):
+    """llama-cpp-python's type_k / type_v are ggml type ids: 0 F32, 1 F16, 8 Q8_0."""
+    f16 = Llama(model_path=tiny_path, n_threads=1, n_ctx=64, verbose=False)
+    f32 = Llama(model_path=tiny_path, n_threads=1, n_ctx=64, verbose=False, type_k=0, type_v=0)
+    try:
+        assert (f32._llm.model.type_k, f32._llm.model.type_v) == (GGMLType.F32, GGMLType.F32)
+        assert f32._llm.model.memory()["kv_cache"] == 2 * f16._llm.model.memory()["kv_cache"]
+    finally:
+        f16.close()
+        f32.close()
+
+
+def test_a_cache_type_ember_lacks_is_an_error_naming_it(tiny_path):
+    with pytest.raises(EmberError, match="type_v q4_0 is not a KV cache type ember implements; use one of f32, f16, q8_0"):
+        Llama(model_path=tiny_path, n_threads=1, verbose=False, type_v=2)
+    # the tiny model's heads have 16 dimensions: not whole Q8_0 blocks
+    with pytest.raises(EmberError, match="multiple of 32, not 16"):
+        Llama(model_path=tiny_path, n_threads=1, verbose=False, type_k=8)

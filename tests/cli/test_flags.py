@@ -6,6 +6,7 @@ come from one place and --help shows them; settings beyond the model or the mach
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,26 @@ def test_ngl_is_a_flag_not_n_with_a_value(command):
     args = parse(command, "-ngl", "99", *extra)
     assert args.n_gpu_layers == "99"
     assert getattr(args, "n_predict", 256) == 256
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_cache_type_flags_on_every_model_command(command):
+    extra = ["-f", "x.txt"] if command == "perplexity" else []
+    args = parse(command, "-ctk", "q8_0", "--cache-type-v", "f32", *extra)
+    assert (args.cache_type_k, args.cache_type_v) == ("q8_0", "f32")
+    assert (parse(command, *extra).cache_type_k, parse(command, *extra).cache_type_v) == (None, None)
+
+
+def test_run_loads_the_cache_types_it_is_given(tiny):
+    llm, _ = run_command.load_llm(parse("run", "-m", str(tiny), "-t", "1", "-ctk", "f32", "-ctv", "F16", "hi"))
+    assert (llm.model.type_k.name, llm.model.type_v.name) == ("F32", "F16")
+    llm.close()
+
+
+def test_bench_takes_llama_benchs_depth_list():
+    assert parse("bench", "-d", "0,512,4096").n_depth == [0, 512, 4096]
+    assert parse("bench", "--n-depth", "8").n_depth == [8]
+    assert parse("bench").n_depth == [0]
 
 
 @pytest.mark.parametrize("argv, value, prompt", [
@@ -239,6 +260,23 @@ def test_bench_accepts_llama_benchs_flags(tiny):
                        "-b", "4", "--no-mmap", "-o", "json")
     assert result.returncode == 0, result.stderr
     assert '"test": "pp8"' in result.stdout and '"test": "tg2"' in result.stdout
+
+
+def test_bench_runs_each_test_at_each_depth(tiny):
+    """llama-bench's names and fields: "pp8 @ d16", n_depth, type_k / type_v."""
+    result = ember_cli("bench", "-m", tiny, "-p", "8", "-n", "2", "-r", "1", "-t", "1", "-d", "0,16", "-ctk", "f32",
+                       "-o", "json")
+    assert result.returncode == 0, result.stderr
+    rows = [(r["test"], r["n_depth"], r["type_k"], r["type_v"]) for r in json.loads(result.stdout)]
+    assert rows == [("pp8", 0, "f32", "f16"), ("tg2", 0, "f32", "f16"), ("pp8 @ d16", 16, "f32", "f16"),
+                    ("tg2 @ d16", 16, "f32", "f16")]
+
+
+def test_bench_refuses_a_cache_type_in_one_line(tiny):
+    result = ember_cli("bench", "-m", tiny, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-ctv", "q4_1")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("type_v 'q4_1' is a KV cache type ember does not implement; "
+                                          "use one of f32, f16, q8_0")
 
 
 def test_perplexity_with_the_models_context(tiny, tmp_path):

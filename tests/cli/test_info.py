@@ -140,11 +140,36 @@ def test_system_says_when_the_build_lacks_it(capsys, monkeypatch):
 def test_memory_asks_the_runtime_for_the_plan(capsys, monkeypatch, tiny_model):
     calls = []
     fake = types.ModuleType("ember.engine.runtime")
-    fake.planned_memory = lambda path, n_ctx: calls.append((path, n_ctx)) or {"weights_bytes": 3 << 20}
+    fake.planned_memory = lambda *args: calls.append(args) or {"weights_bytes": 3 << 20}
     monkeypatch.setitem(sys.modules, "ember.engine.runtime", fake)
     code, out, _ = run(capsys, tiny_model, "--memory")
-    assert code == 0 and calls == [(tiny_model, None)]
+    assert code == 0 and calls == [(tiny_model, None, None, None)]
     assert "weights_bytes      3.0 MiB" in out
+    code, out, _ = run(capsys, tiny_model, "--memory", "-c", "64", "-ctk", "q8_0", "--cache-type-v", "f32")
+    assert code == 0 and calls[1] == (tiny_model, 64, "q8_0", "f32")
+
+
+@pytest.mark.model
+def test_memory_of_a_q8_0_cache(capsys):
+    """K and V rows of Q8_0 take 34 bytes per 32 elements, F16 rows 64: the cache is 17/32 the size."""
+    memory = {}
+    for flags in ([], ["-ctk", "q8_0", "-ctv", "q8_0"], ["-ctk", "q8_0"]):
+        code, out, _ = run(capsys, "smollm2-135m", "--memory", "-c", "2048", "--json", *flags)
+        assert code == 0
+        memory[" ".join(flags)] = json.loads(out)["memory"]
+    f16, q8, mixed = memory.values()
+    assert (f16["type_k"], f16["type_v"], q8["type_k"], q8["type_v"]) == ("f16", "f16", "q8_0", "q8_0")
+    assert q8["kv_cache"] * 32 == f16["kv_cache"] * 17
+    assert mixed["kv_cache"] * 64 == f16["kv_cache"] * (17 + 32)
+    assert q8["weights"] == f16["weights"] and q8["total"] < f16["total"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("q4_0", "type_k 'q4_0' is a KV cache type ember does not implement; use one of f32, f16, q8_0"),
+    ("int8", "type_k 'int8' is not a KV cache type; use one of f32, f16, q8_0")])
+def test_unsupported_cache_types_are_one_line_errors(capsys, tiny_model, value, message):
+    code, _, err = run(capsys, tiny_model, "--memory", "-ctk", value)
+    assert code == 2 and message in err and "Traceback" not in err
 
 
 def test_memory_says_when_the_build_lacks_it(capsys, monkeypatch, tiny_model):

@@ -45,7 +45,7 @@ _NOT_IMPLEMENTED = {
     "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0,
     "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0, "swa_full": None, "lora_base": None,
     "lora_scale": 1.0, "lora_path": None, "numa": False, "chat_handler": None, "tokenizer": None,
-    "type_k": None, "type_v": None, "no_perf": False,
+    "no_perf": False,
 }
 
 
@@ -77,7 +77,8 @@ class Llama:
                  n_threads: int | None = None, n_threads_batch: int | None = None, logits_all: bool = False,
                  embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
                  spm_infill: bool = False, verbose: bool = True,
-                 draft_model: LlamaPromptLookupDecoding | None = None, **kwargs: Any):
+                 draft_model: LlamaPromptLookupDecoding | None = None, type_k: int | str | None = None,
+                 type_v: int | str | None = None, **kwargs: Any):
         _check_arguments(kwargs, n_gpu_layers)
         if draft_model is not None and not isinstance(draft_model, LlamaPromptLookupDecoding):
             raise Unsupported(f"draft_model={draft_model!r}: ember drafts only by prompt lookup "
@@ -94,7 +95,7 @@ class Llama:
         self._seed = seed
         self._llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=min(n_batch, n_ubatch),
                         use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_format,
-                        lookup=draft_model.lookup if draft_model is not None else None)
+                        lookup=draft_model.lookup if draft_model is not None else None, type_k=type_k, type_v=type_v)
         self.n_batch = self._llm.model.n_batch
         self.input_ids = np.zeros(0, dtype=np.intc)
         self._scores: list[np.ndarray] = []

@@ -64,6 +64,8 @@ class LLM:
     activations: "int8" (default, 8-bit activations and integer dot products, as llama.cpp) or
       "f32" (dequantized weights, unrounded activations: closest to a float reference, slower).
     use_mmap: map the file (default) or, False, read it into memory; use_mlock: lock it in RAM.
+    type_k, type_v: the KV cache's types, as llama-cpp-python's Llama takes them: "f16" (default),
+      "q8_0" (about half the memory) or "f32", or ggml type ids (1, 8, 0).
     chat_template: instead of the model's template, a built-in format's name (chatml, llama3,
       gemma, ...), a template file or template text.
     pooling: how embed() turns token states into one vector: none, mean, cls or last (default: the
@@ -76,10 +78,12 @@ class LLM:
     def __init__(self, model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None,
                  seed: int | None = None, n_batch: int = 512, activations: str = "int8", use_mmap: bool = True,
                  use_mlock: bool = False, chat_template: str | None = None, pooling: str | None = None,
-                 lookup: Lookup | bool | None = None):
+                 lookup: Lookup | bool | None = None, type_k: str | int | None = None,
+                 type_v: str | int | None = None):
         lookup = lookup_options(lookup)
         loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations,
-                            use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template)
+                            use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template, type_k=type_k,
+                            type_v=type_v)
         self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed, lookup)
         self._template_override = chat_template  # parsed on first use, like the file's own
         self._pooling = pooling
@@ -353,7 +357,8 @@ class LLM:
             model = self.model
             if not model.embeddings:
                 model = Model(model.gguf, n_ctx=model.n_ctx, n_threads=model.n_threads, n_seq=self.EMBED_SLOTS,
-                              n_batch=model.n_batch, activations=model.activations, embeddings=True)
+                              n_batch=model.n_batch, activations=model.activations, embeddings=True,
+                              type_k=model.type_k, type_v=model.type_v)
             self._embedder = Embedder(model, self.tokenizer, pooling=self._pooling, name=self.name)
         return self._embedder
 

@@ -32,7 +32,8 @@ def cli_info(args) -> int:
             if args.tensors:
                 report["tensors"] = list_tensors(f)
         if args.memory:
-            report["memory"] = _planned_memory(path, getattr(args, "ctx_size", None))
+            report["memory"] = _planned_memory(path, getattr(args, "ctx_size", None), args.cache_type_k,
+                                               args.cache_type_v)
     elif not args.system:
         raise EmberError("ember info needs a MODEL (-m: registry name, .gguf path or ORG/REPO[:QUANT]), or --system")
     elif args.tensors or args.memory:
@@ -230,9 +231,10 @@ def _system_info() -> dict[str, Any]:
         raise EmberError(f"system information is not available in this build ({exc})") from None
 
 
-def _planned_memory(path: Path, n_ctx: int | None) -> dict[str, Any]:
+def _planned_memory(path: Path, n_ctx: int | None, type_k: str | None = None,
+                    type_v: str | None = None) -> dict[str, Any]:
     try:
         from ember.engine.runtime import planned_memory
     except ImportError as exc:
         raise EmberError(f"memory planning is not available in this build ({exc})") from None
-    return planned_memory(path, n_ctx)
+    return planned_memory(path, n_ctx, type_k, type_v)

@@ -96,6 +96,16 @@ def _thread_list(text: str) -> list[int]:
     return values
 
 
+def _depth_list(text: str) -> list[int]:
+    try:
+        depths = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected depths like 0,4096, got {text!r}") from None
+    if any(d < 0 for d in depths):
+        raise argparse.ArgumentTypeError(f"depths must be >= 0, got {text!r}")
+    return depths
+
+
 def _activations(text: str) -> str:
     from ember.engine.runtime import ACTIVATIONS
 
@@ -183,6 +193,14 @@ def _add_loading(p: argparse.ArgumentParser, batch: bool = True) -> None:
                    metavar="N", help="accepted for llama.cpp's sake; ember runs on the CPU")
     p.add_argument("-fa", "--flash-attn", dest="flash_attn", default=None, metavar="on|off|auto",
                    help="accepted for llama.cpp's sake; ember has one attention kernel")
+    _add_cache_types(p)
+
+
+def _add_cache_types(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+                   help="KV cache type for K: f16 (default), q8_0 (about half the memory) or f32")
+    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+                   help="KV cache type for V: f16 (default), q8_0 or f32")
 
 
 def _add_chat_template(p: argparse.ArgumentParser) -> None:
@@ -359,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512, help="prompt tokens (pp test)")
     p.add_argument("-n", "--n-gen", type=_non_negative_int, default=128, help="generated tokens (tg test)")
     p.add_argument("-t", "--threads", type=_thread_list, default=None, help="e.g. 1,2 (default: physical cores)")
+    p.add_argument("-d", "--n-depth", type=_depth_list, default=[0], metavar="N[,N...]",
+                   help="tokens already in the context before each test, e.g. 0,4096 (llama-bench's -d)")
     p.add_argument("-r", "--repetitions", type=_positive_int, default=5, help="runs of each test")
     p.add_argument("-o", "--output", choices=["md", "json", "csv"], default="md", help="output format")
     _add_runtime(p, threads=False)
@@ -404,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true", help="ISA, threads and versions")
     p.add_argument("--tensors", action="store_true", help="list every tensor")
     p.add_argument("--memory", action="store_true", help="planned memory use")
+    _add_cache_types(p)
     p.add_argument("-c", "--ctx-size", type=_ctx_size, default=None,
                    help="context length for --memory (default: min(model's, 4096); 0: the model's)")
     _add_chat_template(p)

@@ -35,7 +35,8 @@ def cli_serve(args) -> int:
                                   parallel=args.parallel, queue_size=args.queue_size, api_key=args.api_key,
                                   activations=args.activations, n_batch=batch_size(args), use_mmap=args.mmap,
                                   use_mlock=args.mlock, chat_template=args.chat_template,
-                                  cors_origins=args.cors_origins, slots_endpoint=args.slots)
+                                  cors_origins=args.cors_origins, slots_endpoint=args.slots,
+                                  type_k=args.cache_type_k, type_v=args.cache_type_v)
     try:
         model = scheduler.model
         activations = "" if model.activations == "int8" else f", {model.activations} activations"

@@ -93,7 +93,8 @@ class Loaded:
 
 def load(model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None, n_seq: int = 1,
          n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8", use_mmap: bool = True,
-         use_mlock: bool = False, chat_template: str | None = None) -> Loaded:
+         use_mlock: bool = False, chat_template: str | None = None, type_k: str | int | None = None,
+         type_v: str | int | None = None) -> Loaded:
     """Open a model by registry name or path and build its runtime (see `Model` for the options).
 
     use_mmap=False reads the weights into memory instead of mapping the file; use_mlock pins them in
@@ -105,7 +106,7 @@ def load(model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | No
         if chat_template is not None:
             chat_template_source(gguf.metadata, chat_template)  # an unknown name fails before the weights load
         runtime = Model(gguf, n_ctx=n_ctx, n_threads=n_threads, n_seq=n_seq, n_batch=n_batch, n_outputs=n_outputs,
-                        activations=activations)
+                        activations=activations, type_k=type_k, type_v=type_v)
     except BaseException:
         gguf.close()
         raise

@@ -14,6 +14,7 @@ import numpy as np
 from ember import _core
 from ember.errors import ContextFullError, EmberError, EmberWarning
 from ember.gguf import GGUFFile, open_gguf
+from ember.gguf.types import GGMLType
 from ember.models import architecture, tensor_shapes
 from ember.models.blocks import Builder
 from ember.models.pooling import is_reranker
@@ -22,6 +23,11 @@ from ember.sysinfo import checked_threads, physical_memory
 DEFAULT_MAX_CTX = 4096
 ENCODER_SLOTS = 16  # sequence slots of an encoder: texts embedded in one graph run
 ACTIVATIONS = ("int8", "f32")
+# The KV cache's types, by llama.cpp's names (-ctk / -ctv); each K and V row holds n_kv_head *
+# head_dim elements: 4, 2 or 34/32 bytes each (Q8_0: 32 int8 and one F16 scale per block).
+KV_CACHE_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
+# llama.cpp's other cache types, named in the error that refuses them
+_OTHER_CACHE_TYPES = ("bf16", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 class Model:
@@ -48,13 +54,19 @@ class Model:
         so (models/pooling.is_reranker). `ranks` says which; `n_out` is then the number of classes.
         Its token-type embedding is a per-token input: `_run` takes each token's type.
 
+    type_k, type_v: the KV cache's types for K and V rows (llama.cpp's -ctk / -ctv): "f16"
+        (default), "q8_0" (about half the bytes; K and V rounded to 8 bits per block of 32) or
+        "f32"; also as ggml type ids (llama-cpp-python's Llama(type_k=8)). See `kv_cache_type`.
+
     `kv_bytes_per_token` is what one token of one sequence takes in the KV cache.
     """
 
     def __init__(self, model: GGUFFile | str | Path, n_ctx: int | None = None, n_threads: int | None = None,
                  n_seq: int = 1, n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8",
-                 embeddings: bool = False, rank: bool | None = None):
+                 embeddings: bool = False, rank: bool | None = None, type_k: str | int | None = None,
+                 type_v: str | int | None = None):
         _check_count("n_ctx", n_ctx, minimum=0)
+        self.type_k, self.type_v = kv_cache_type(type_k, "type_k"), kv_cache_type(type_v, "type_v")
         for name, value in (("n_seq", n_seq), ("n_batch", n_batch), ("n_outputs", n_outputs)):
             _check_count(name, value)
         if activations not in ACTIVATIONS:
@@ -111,7 +123,11 @@ class Model:
 
     def _plan(self) -> None:
         """Plan the arena and the KV cache, once it is known that they fit in this machine's memory."""
-        self.graph.plan(1, 1, 1, 1)  # the cache of one token of one sequence: what each token costs
+        types = dict(type_k=int(self.type_k), type_v=int(self.type_v))
+        try:
+            self.graph.plan(1, 1, 1, 1, **types)  # the cache of one token of one sequence: what each token costs
+        except ValueError as exc:  # a cache type the attention layers cannot hold
+            raise EmberError(f"{exc} (-ctk / -ctv, type_k / type_v)") from None
         per_token = self.kv_bytes_per_token = self.graph.kv_size
         need = per_token * self.n_ctx * self.n_seq
         available = physical_memory()
@@ -121,7 +137,7 @@ class Model:
             raise EmberError(f"a context of {self.n_ctx} tokens{slots} needs {_gib(need)} of KV cache, more than "
                              f"this machine's {_gib(available)} of memory; use a context of at most {fits} tokens")
         try:
-            self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq)
+            self.graph.plan(self.n_batch, min(self.n_outputs, self.n_batch), self.n_ctx, self.n_seq, **types)
         except MemoryError:
             raise EmberError(f"not enough memory for a batch of {self.n_batch} tokens and a context of "
                              f"{self.n_ctx} tokens; use smaller ones (-b / n_batch, -c / n_ctx)") from None
@@ -259,6 +275,33 @@ def context_length(n_ctx: int | None, n_ctx_train: int) -> int:
     return n_ctx_train if n_ctx == 0 else n_ctx
 
 
+def kv_cache_type(value: str | int | None, name: str = "type_k") -> GGMLType:
+    """The KV cache type `value` names: one of KV_CACHE_TYPES by name (any case) or by ggml type
+    id; None is f16. Any other type is an EmberError naming the ones ember caches."""
+    if value is None:
+        return GGMLType.F16
+    choices = ", ".join(KV_CACHE_TYPES)
+    if isinstance(value, str):
+        found = KV_CACHE_TYPES.get(value.strip().lower())
+        if found is None:
+            what = "a KV cache type ember does not implement" if value.strip().lower() in _OTHER_CACHE_TYPES else \
+                "not a KV cache type"
+            raise EmberError(f"{name} {value!r} is {what}; use one of {choices}")
+        return found
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        for t in KV_CACHE_TYPES.values():
+            if t == value:
+                return t
+        known = GGMLType(value).name.lower() if value in GGMLType._value2member_map_ else f"type id {value}"
+        raise EmberError(f"{name} {known} is not a KV cache type ember implements; use one of {choices} "
+                         f"(ids {', '.join(str(int(t)) for t in KV_CACHE_TYPES.values())})")
+    raise EmberError(f"{name} must be a type name ({choices}) or a ggml type id, got {value!r}")
+
+
+def kv_cache_type_name(t: GGMLType) -> str:
+    return next(name for name, v in KV_CACHE_TYPES.items() if v == t)
+
+
 def token_ids(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
     """Token ids as int32, each checked to be an integer in [0, n_vocab): an EmberError otherwise."""
     if isinstance(tokens, (str, bytes)):
@@ -297,11 +340,13 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.1f} GiB"
 
 
-def planned_memory(path, n_ctx: int | None = None) -> dict:
+def planned_memory(path, n_ctx: int | None = None, type_k: str | int | None = None,
+                   type_v: str | int | None = None) -> dict:
     """What a model would take in memory (bytes), by building its graph: weights mapped from the
-    file, the KV cache for n_ctx tokens and the activation arena."""
-    model = Model(path, n_ctx=n_ctx, n_threads=1)
+    file, the KV cache for n_ctx tokens (of type_k / type_v) and the activation arena."""
+    model = Model(path, n_ctx=n_ctx, n_threads=1, type_k=type_k, type_v=type_v)
     try:
-        return {"n_ctx": model.n_ctx, **model.memory()}
+        return {"n_ctx": model.n_ctx, "type_k": kv_cache_type_name(model.type_k),
+                "type_v": kv_cache_type_name(model.type_v), **model.memory()}
     finally:
         model.close()

@@ -22,10 +22,11 @@ from ember.server.scheduler import Scheduler
 def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = None, parallel: int = 4,
                  queue_size: int = 64, api_key: str | None = None, activations: str = "int8", n_batch: int = 512,
                  use_mmap: bool = True, use_mlock: bool = False, chat_template: str | None = None,
-                 cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True):
+                 cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True,
+                 type_k: str | None = None, type_v: str | None = None):
     """The app and its scheduler (started) for a model name or path (see create_app for CORS and /slots)."""
     loaded = load(model, n_ctx=n_ctx, n_threads=n_threads, n_seq=parallel, activations=activations, n_batch=n_batch,
-                  use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template)
+                  use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template, type_k=type_k, type_v=type_v)
     llm = LLM.from_loaded(loaded)  # parses the chat template now: a broken one fails at start, not per request
     metrics = Metrics()
     scheduler = Scheduler(loaded.model, loaded.tokenizer, queue_size=queue_size, metrics=metrics).start()
