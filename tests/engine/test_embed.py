@@ -10,9 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from encoder_models import minilm_gguf  # noqa: E402
-from models.parity import randomize  # noqa: E402
+from models.parity import converted_random_model  # noqa: E402
 
-from ember.convert import convert  # noqa: E402
 from ember.engine.embed import Embedder, file_pooling  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
 from ember.errors import EmberError, EmberWarning  # noqa: E402
@@ -34,10 +33,7 @@ def tiny_llama(tmp_path_factory):
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(config).eval()
-    randomize(hf)
-    folder = tmp_path_factory.mktemp("llama") / "hf"
-    hf.save_pretrained(folder, safe_serialization=True)
-    path = convert(folder, folder.parent / "f32.gguf", "f32")
+    path = converted_random_model(hf, tmp_path_factory.mktemp("llama") / "hf")
     model = Model(path, n_ctx=128, n_threads=2, n_seq=4, n_batch=32, embeddings=True)
     yield model, hf
     model.close()

@@ -174,3 +174,50 @@ def test_a_pair_longer_than_the_context_is_an_error_unless_truncated(reranker):
     with pytest.raises(EmberError, match="document 1 is .* longer than the 64"):
         reranker.score(QUERY, ["short", long])
     assert reranker.score(QUERY, ["short", long], truncate=True)[1].n_tokens == 64
+
+
+# -- a decoder's reranker (Qwen3-Reranker) ---------------------------------------------------------
+
+YES, NO = 5, 9  # the tiny model's stand-ins for the ids of "yes" and "no"
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_reranker(tmp_path_factory):
+    """A random Qwen3ForCausalLM and its file as llama.cpp's converter writes a Qwen3-Reranker:
+    pooling type rank, cls.output the LM head's rows of "yes" and "no"."""
+    from models.parity import converted_random_model
+
+    config = transformers.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(config).eval()
+    plain = converted_random_model(hf, tmp_path_factory.mktemp("qwen3-reranker") / "hf")
+    head = hf.lm_head.weight.detach().numpy()[[YES, NO]]
+    path = rewritten(plain, plain.parent / "reranker.gguf", {"qwen3.pooling_type": 4}, {"cls.output.weight": head})
+    model = Model(path, n_ctx=128, n_threads=2)
+    yield model, hf
+    model.close()
+
+
+def test_a_decoder_reranker_scores_the_softmax_of_its_answers_on_the_last_token(tiny_qwen3_reranker):
+    model, hf = tiny_qwen3_reranker
+    rng = np.random.default_rng(2)
+    inputs = [rng.integers(0, 128, n).tolist() for n in (3, 11, 30)]
+    found = Embedder(model, None).embed_tokens(inputs)
+    with torch.no_grad():
+        expected = [torch.softmax(hf(torch.tensor([ids])).logits[0, -1, [YES, NO]].double(), 0).numpy()
+                    for ids in inputs]
+    assert model.ranks and model.n_out == 2
+    assert np.ptp([e[0] for e in expected]) > 0.05  # the inputs score apart
+    np.testing.assert_allclose(np.stack([e.vector for e in found]), np.stack(expected), atol=2e-4)
+
+
+def test_a_decoder_without_rank_pooling_is_no_reranker(tiny_qwen3_reranker, tmp_path):
+    model, _ = tiny_qwen3_reranker
+    plain = Model(rewritten(model.gguf.path, tmp_path / "plain.gguf", {"qwen3.pooling_type": None}), n_ctx=64,
+                  n_threads=1)
+    try:
+        assert not plain.ranks and plain.n_out == 128
+    finally:
+        plain.close()

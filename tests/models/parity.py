@@ -117,6 +117,14 @@ def randomize(model, norm_offset: float = 1.0) -> None:
                 param.add_(norm_offset)
 
 
+def converted_random_model(model, folder: Path) -> Path:
+    """`model` (a transformers model) with every parameter random (randomize), saved to `folder` and
+    converted to F32 by `ember convert` beside it."""
+    randomize(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    return convert(folder, folder.parent / "f32.gguf", "f32")
+
+
 def relative_error(got: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(got - reference).max() / np.abs(reference).max())
 

@@ -223,7 +223,7 @@ class LLM:
         """A `Generation` (an iterator of chunks with counts and timings) for a prompt: text (str, or
         UTF-8 bytes) or token ids; keep_special: control tokens in the reply keep their text;
         lookup: prompt-lookup decoding for this request (True, False or a `Lookup`; None: the LLM's)."""
-        if getattr(self.model, "is_encoder", False):
+        if getattr(self.model, "is_encoder", False) or getattr(self.model, "ranks", False):
             kind, use = (("a reranker", "rerank() or create_rerank()") if getattr(self.model, "ranks", False)
                          else ("an embedding model", "embed() or create_embedding()"))
             raise EmberError(f"{self.name} is {kind} ({self.model.hp.arch}); it cannot generate text: use {use}")

@@ -139,9 +139,9 @@ class Embedder:
         return [states[a:b] for a, b in itertools.pairwise(counts)]
 
     def _rows(self, n_tokens: int) -> np.ndarray:
-        if self.pooling in ("cls", "rank"):  # an encoder's reranker reads [CLS], as llama.cpp's
+        if self.pooling == "cls" or (self.pooling == "rank" and self.model.is_encoder):  # [CLS], as llama.cpp's
             return np.array([0])
-        if self.pooling == "last":
+        if self.pooling in ("last", "rank"):  # a decoder's reranker reads its last token
             return np.array([n_tokens - 1])
         return np.arange(n_tokens)
 

@@ -17,7 +17,7 @@ from ember.gguf import GGUFFile, open_gguf
 from ember.gguf.types import GGMLType
 from ember.models import architecture, tensor_shapes
 from ember.models.blocks import Builder
-from ember.models.pooling import is_reranker
+from ember.models.pooling import file_pooling, is_reranker
 from ember.sysinfo import checked_threads, physical_memory
 
 DEFAULT_MAX_CTX = 4096
@@ -50,8 +50,8 @@ class Model:
         and `n_out` is the width of what eval returns (n_vocab, or the embedding length). An
         encoder's batch is its whole context and it has at least ENCODER_SLOTS sequence slots.
     rank: the graph ends in the file's classification head and returns each output row's class
-        scores (a cross-encoder reranker, pooling type rank); default: an encoder whose file says
-        so (models/pooling.is_reranker). `ranks` says which; `n_out` is then the number of classes.
+        scores (a reranker, pooling type rank: a cross-encoder's on [CLS], a decoder's on the last
+        token); default: as the file says (_reranker_file). `ranks` says which; `n_out` is then the number of classes.
         Its token-type embedding is a per-token input: `_run` takes each token's type.
 
     type_k, type_v: the KV cache's types for K and V rows (llama.cpp's -ctk / -ctv): "f16"
@@ -80,7 +80,7 @@ class Model:
         self.activations = activations
         self.graph = _core.Graph(self.n_threads, float_activations=activations == "f32")
         self.is_encoder = bool(getattr(arch, "ENCODER", False))
-        self.ranks = (self.is_encoder and is_reranker(self.gguf)) if rank is None else bool(rank)
+        self.ranks = self._reranker_file() if rank is None else bool(rank)
         self.embeddings = embeddings or self.is_encoder or self.ranks
         builder = Builder(self.graph, self.gguf, self.hp, tensor_shapes(arch, self.hp),
                           n_ctx=context_length(n_ctx, self.n_ctx_train))
@@ -89,7 +89,7 @@ class Model:
         logits = builder.build(arch.build)
         if self.ranks and builder.n_classes is None:
             raise EmberError(f"ember cannot rerank with the {self.hp.arch} architecture")
-        if self.embeddings and not (self.is_encoder or builder.hidden_output):
+        if self.embeddings and not (self.is_encoder or builder.hidden_output or self.ranks):
             raise EmberError(f"ember cannot take embeddings from the {self.hp.arch} architecture")
         self._keep = builder._keep
         self._token_types = builder.token_types  # [n_types, n_embd] rows of the token-type input, or None
@@ -109,6 +109,13 @@ class Model:
                 f"the context of {self.n_ctx} tokens is larger than the model's training context ({self.n_ctx_train}); "
                 f"output past {self.n_ctx_train} tokens may degrade"), stacklevel=2)
         self._n_past = [0] * self.n_seq
+
+    def _reranker_file(self) -> bool:
+        """An encoder's file as is_reranker says; a decoder's (Qwen3-Reranker) only when it names rank
+        pooling and has cls.output (its LM head's rows of the answers it scores)."""
+        if self.is_encoder:
+            return is_reranker(self.gguf)
+        return file_pooling(self.gguf) == "rank" and "cls.output.weight" in self.gguf.tensors
 
     def _context_length(self, n_ctx: int | None, max_positions: int | None) -> int:
         """The context n_ctx asks for (`context_length`); at most the positions a learned position

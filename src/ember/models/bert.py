@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ember.errors import EmberError, GGUFError
+from ember.errors import EmberError
 from ember.gguf.types import GGMLType
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import IGNORED, get, require
-from ember.models.validate import n_rows
 
 HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 ENCODER = True  # no LM head: build returns hidden states
@@ -104,20 +103,7 @@ def self_attention(b: Builder, x: int, il: int) -> int:
 def outputs(b: Builder, x: int) -> int:
     """The rows asked for (each text's, or a reranker's [CLS]); a reranker's through its head."""
     x = b.g.select_outputs(x)
-    return classifier_head(b, x) if b.rank else x
-
-
-def classifier_head(b: Builder, x: int) -> int:
-    """llama.cpp's rank pooling head: tanh(cls(x)) where the file has cls, then cls.output."""
-    if not (b.has("cls.weight") or b.has("cls.output.weight")):
-        raise GGUFError("a reranker needs its classification head (cls.output.weight), which the file lacks")
-    last = "cls"
-    if b.has("cls.weight"):
-        x = b.g.softcap(b.linear(x, "cls"), 1.0)  # 1 * tanh(x / 1)
-    if b.has("cls.output.weight"):
-        x, last = b.linear(x, "cls.output"), "cls.output"
-    b.n_classes = n_rows(b.f.tensors[f"{last}.weight"].shape)
-    return x
+    return b.classifier_head(x) if b.rank else x
 
 
 def build(b: Builder) -> int:

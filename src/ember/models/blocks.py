@@ -20,6 +20,7 @@ from ember.models.validate import CheckedGraph, check_shape, check_type, n_rows,
 # 3-D weights read as one matrix per head (MLA's absorbed up-projections); ffn_*_exps go through expert_weight
 PER_HEAD_MATRICES = ("attn_k_b.weight", "attn_v_b.weight")
 MAX_ROPE_DIMS = 1024  # the core's rope op rotates at most 512 pairs of a head
+RANK_SOFTMAX = ("qwen3", "qwen3vl")  # rerankers whose scores llama.cpp's rank pooling softmaxes
 
 
 @dataclass
@@ -289,13 +290,31 @@ class Builder:
 
     def lm_head(self, x: int) -> int:
         """The logits of the final hidden states x (plus output.bias where the file has one, Phi-2's);
-        with `embeddings` set, x itself."""
+        with `embeddings` set, x itself; with `rank` set, the reranker's scores (classifier_head)."""
+        if self.rank:
+            return self.classifier_head(x)
         if self.embeddings:
             self.hidden_output = True
             return x
         logits = self.g.matmul(self.output_weight(), x)
         bias = self.vector("output.bias", optional=True)
         return self.g.add(logits, bias) if bias >= 0 else logits
+
+    def classifier_head(self, x: int) -> int:
+        """llama.cpp's rank pooling head on the rows x ([CLS], or a decoder's last token): tanh(cls(x))
+        where the file has cls, then cls.output; a softmax over the classes for Qwen3's rerankers,
+        whose cls.output is the LM head's rows of "yes" and "no". Sets n_classes."""
+        if not (self.has("cls.weight") or self.has("cls.output.weight")):
+            raise GGUFError("a reranker needs its classification head (cls.output.weight), which the file lacks")
+        last = "cls"
+        if self.has("cls.weight"):
+            x = self.g.softcap(self.linear(x, "cls"), 1.0)  # 1 * tanh(x / 1)
+        if self.has("cls.output.weight"):
+            x, last = self.linear(x, "cls.output"), "cls.output"
+        if self.hp.arch in RANK_SOFTMAX:
+            x = self.g.softmax(x)
+        self.n_classes = n_rows(self.f.tensors[f"{last}.weight"].shape)
+        return x
 
     def output_weight(self) -> int:
         """The LM head, tied to the token embedding when the file has no output.weight."""

@@ -257,7 +257,7 @@ def _token_text(tokenizer, token_id: int | None) -> str:
 
 
 def _generative(llm) -> None:
-    if getattr(llm.model, "is_encoder", False):
+    if getattr(llm.model, "is_encoder", False) or _reranks(llm):
         serves = "a reranker: it serves /v1/rerank" if _reranks(llm) else "an embedding model: it serves /v1/embeddings"
         raise APIError(400, f"{llm.name} is {serves}, not text generation", param="model", code="model_not_supported")
 
