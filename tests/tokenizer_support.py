@@ -111,3 +111,27 @@ def digits_vocab_metadata(pre: str) -> dict:
             "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": np.ones(len(tokens), np.int32),
             "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
             "tokenizer.ggml.add_bos_token": False}
+
+
+def whitespace_vocab_metadata() -> dict:
+    """A "whitespace" BPE vocabulary (jina-embeddings-v2-base-zh's kind) over the tokenizer corpus:
+    every character of the corpus but whitespace is a token, and the letters of each of its ASCII
+    words merge left to right into the word (the first 400 words' merges)."""
+    import re
+
+    from fixtures.tokenizer_corpus import corpus
+
+    texts = corpus()
+    chars = sorted({c for text in texts for c in text if not c.isspace() and c != "\x00"})  # llama.cpp reads no NUL token
+    tokens, merges = list(chars), []
+    known = set(tokens)
+    words = [w for text in texts for w in re.findall(r"[A-Za-z]{2,}", text)]
+    for word in list(dict.fromkeys(words))[:400]:
+        for k in range(2, len(word) + 1):
+            if word[:k] not in known:
+                merges.append(f"{word[:k - 1]} {word[k - 1]}")
+                tokens.append(word[:k])
+                known.add(word[:k])
+    return {"general.architecture": "llama", "tokenizer.ggml.model": "whitespace", "tokenizer.ggml.pre": "whitespace",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": np.ones(len(tokens), np.int32),
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.add_bos_token": False}

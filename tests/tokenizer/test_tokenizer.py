@@ -25,6 +25,7 @@ from tokenizer_support import (
     qwen2_vocab_as,
     qwen35_metadata,
     tokenizer,
+    whitespace_vocab_metadata,
 )
 
 # -- vocabularies built by hand, for rules that need no model ------------------------------------
@@ -476,14 +477,15 @@ def test_every_pre_tokenizer_llama_cpp_knows_is_ember_s_or_refused_by_name():
 DIGIT_GROUPING = ("tiny_aya", "afmoe", "superbpe")
 SYNTHETIC = {"qwen35-vocab": qwen35_metadata, "gemma4-vocab": gemma4_metadata,
              **{f"{pre}-vocab": functools.partial(qwen2_vocab_as, pre) for pre in DIGIT_GROUPING},
-             **{f"{pre}-digits": functools.partial(digits_vocab_metadata, pre) for pre in DIGIT_GROUPING}}
+             **{f"{pre}-digits": functools.partial(digits_vocab_metadata, pre) for pre in DIGIT_GROUPING},
+             "whitespace-vocab": whitespace_vocab_metadata}
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
 def test_synthetic_vocabularies_ids_equal_llama_cpp_for_the_corpus(name):
-    """Qwen3.5's and Gemma 4's tokenizers, and the digit-grouping pre-tokenizers (tiny_aya, afmoe,
-    superbpe) on Qwen2.5's vocabulary and on one whose digit groups merge."""
+    """Qwen3.5's and Gemma 4's tokenizers, the digit-grouping pre-tokenizers (tiny_aya, afmoe,
+    superbpe) on Qwen2.5's vocabulary and on one whose digit groups merge, and the whitespace BPE."""
     tok = Tokenizer.from_metadata(SYNTHETIC[name]())
     cases = llama_cpp_fixture(f"tokenize-corpus-{name}")["cases"]
     wrong = [(c["text"], c["parse_special"]) for c in cases

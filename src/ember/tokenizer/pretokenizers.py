@@ -222,13 +222,13 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "cohere2moe": PreTokenizer(_TINY_AYA, clean_spaces=False),
     "afmoe": PreTokenizer(_AFMOE, clean_spaces=False),
     "superbpe": PreTokenizer(_SUPERBPE, clean_spaces=False),
+    "whitespace": PreTokenizer((r"\S+",), byte_encode=False),  # jina-embeddings-v2-base-zh
 }
 
 
 # Names llama.cpp knows whose splitting is its own code, not a regex ember can run the same way.
 UNSUPPORTED = {
     "kimi-k2": "Kimi K2's tokenizer (no BPE merges, \\p{Han} runs)",
-    "whitespace": "the whitespace tokenizer",
 }
 
 

@@ -31,7 +31,7 @@ BYTE = 1 << 5
 # tokenizer.ggml.token_type value -> attribute (0 = undefined and anything unknown).
 _ATTR_OF_TYPE = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 
-MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm", "gemma4": "bpe"}
+MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm", "gemma4": "bpe", "whitespace": "bpe"}
 # tokenizer models whose pre-tokenizer is fixed, whatever tokenizer.ggml.pre says (llama.cpp)
 _OWN_PRE = {"gemma4": "gemma4"}
 
@@ -85,6 +85,7 @@ class Vocab:
     # llama.cpp's add_bos / add_eos / add_sep as the file sets them (llama.cpp's defaults per kind),
     # which place the special tokens of a text pair (Tokenizer.encode_pair)
     pair_specials: tuple[bool, bool, bool] = (False, False, False)
+    drop_whitespace: bool = False  # "whitespace" BPE: the text's runs between whitespace, which is dropped
     _index: Any = field(default=None, repr=False)
 
     @property
@@ -144,6 +145,9 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
     vocab.pair_specials = (_flag(metadata, "add_bos_token", True) if kind == "wpm" else vocab.add_bos, vocab.add_eos,
                            _flag(metadata, "add_sep_token", kind == "wpm" or string_key(metadata, "tokenizer.ggml.pre")
                                  in _SEPARATING_PRE))
+    if model == "whitespace":  # llama.cpp's whitespace session; lower-cased only where the file says
+        vocab.drop_whitespace = True
+        vocab.lowercase = _flag(metadata, "normalizer.lowercase", string_key(metadata, "tokenizer.ggml.pre") != "whitespace")
     if kind == "wpm":  # llama.cpp puts [CLS] (BOS) and [SEP] around the text, whatever the flags say
         vocab.add_bos, vocab.add_eos, vocab.add_sep = True, False, True
         vocab.lowercase = _flag(metadata, "normalizer.lowercase", False)

@@ -19,7 +19,7 @@ from ember.tokenizer.spm import SPACE
 from ember.tokenizer.vocab import Vocab
 
 # llama.cpp's unicode_set_whitespace
-_WHITESPACE = frozenset([*range(0x09, 0x0E), *range(0x2000, 0x200B), 0x20, 0x85, 0xA0, 0x1680, 0x2028,
+WHITESPACE = frozenset([*range(0x09, 0x0E), *range(0x2000, 0x200B), 0x20, 0x85, 0xA0, 0x1680, 0x2028,
                          0x2029, 0x202F, 0x205F, 0x3000])
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
@@ -32,7 +32,7 @@ def _is_cjk(cp: int) -> bool:
     return any(first <= cp <= last for first, last in _CJK_RANGES)
 
 
-def _simple_lower(char: str) -> str:
+def simple_lower(char: str) -> str:
     lower = char.lower()  # full case mapping; the simple one is its first character (U+0130 -> i)
     return lower if len(lower) == 1 else lower[0]
 
@@ -80,13 +80,13 @@ class WpmEncoder:
             cp = ord(unicodedata.normalize("NFD", char)[0])
         normalized = chr(cp)
         category = unicodedata.category(normalized)
-        if cp in _WHITESPACE:
+        if cp in WHITESPACE:
             result = (_SPLIT, "")
         elif cp in (0, 0xFFFD) or category in ("Cc", "Cf", "Co", "Cs") or self._strip_accents and category[0] == "M":
             result = (_DROP, "")
         else:
             if self._lowercase:
-                normalized = _simple_lower(normalized)
+                normalized = simple_lower(normalized)
             alone = category[0] == "P" or (cp < 0x7F and category[0] == "S") or _is_cjk(cp)
             result = (_ALONE if alone else _APPEND, normalized)
         if result[0] == _DROP:  # a dropped character neither ends nor extends a word
