@@ -85,16 +85,20 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
   group_by_expert(ctx, ids, n_experts, k, offsets, order, position);
 
   // Each grouped row converted to the activation format; the threads share the rows' blocks.
+  // One token whose experts all read its row (decode's gate and up projections): that row
+  // converted once, and every slot reads it (a stride of 0 between the slots' rows).
   const int64_t n_grouped = offsets[n_experts];
+  const bool one_row = x_per_token == 1 && T == 1;
+  const size_t act_stride = one_row ? 0 : layout.act_stride;
   {
     const QuantizeRowFn convert = ctx.kernels->of(act_type).quantize_row;
     const TypeTraits& traits = type_traits(act_type);
     const int64_t per_row = K / traits.block_size;
-    const Range blocks = split(n_grouped * per_row, ith, nth);
+    const Range blocks = split(std::min<int64_t>(n_grouped, one_row ? 1 : n_grouped) * per_row, ith, nth);
     for (int64_t i = blocks.begin; i < blocks.end;) {
       const int64_t p = i / per_row, b0 = i % per_row, b1 = std::min(per_row, b0 + (blocks.end - i));
       const int64_t s = order[p], row = x_per_token == 1 ? s / k : s;
-      convert(operand_row(ctx, x, row) + b0 * traits.block_size, act + p * layout.act_stride + b0 * traits.type_size,
+      convert(operand_row(ctx, x, row) + b0 * traits.block_size, act + p * act_stride + b0 * traits.type_size,
               (b1 - b0) * traits.block_size);
       i += b1 - b0;
     }
@@ -110,7 +114,7 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
       const int64_t M = offsets[e + 1] - offsets[e];
       if (!uses_panels(tk, M)) continue;
       any_panels = true;
-      pack_panels(*ctx.kernels, act_type, K, act + offsets[e] * layout.act_stride, layout.act_stride, M,
+      pack_panels(*ctx.kernels, act_type, K, act + offsets[e] * act_stride, act_stride, M,
                   work + layout.panels + first * panel_size, ith, nth);
       first += (M + kPanelTokens - 1) / kPanelTokens;
     }
@@ -127,16 +131,16 @@ void op_matmul_id(const Node& n, ExecContext& ctx, int ith, int nth) {
     if (M == 0) continue;
     any_grouped |= M > 1;
     const uint8_t* we = weights + e * expert_bytes;
-    const uint8_t* ae = act + offsets[e] * layout.act_stride;
+    const uint8_t* ae = act + offsets[e] * act_stride;
     float* oe = M == 1 ? row_f32(ctx, y, order[offsets[e]]) : grouped + offsets[e] * N;
     if (dequantized) {
       float* rows_f32 = reinterpret_cast<float*>(work + layout.f32_rows + ith * align_up(kDequantRows * K * sizeof(float)));
-      matmul_float_rows(*ctx.kernels, w.type, K, we, w.row_stride, rows, ae, layout.act_stride, M, oe, N, rows_f32);
+      matmul_float_rows(*ctx.kernels, w.type, K, we, w.row_stride, rows, ae, act_stride, M, oe, N, rows_f32);
     } else if (uses_panels(tk, M)) {
       matmul_panel_rows(tk, K, we, w.row_stride, rows, work + layout.panels + first_panel * panel_size, M, oe, N);
       first_panel += (M + kPanelTokens - 1) / kPanelTokens;
     } else {
-      matmul_tiles(tk, K, we, w.row_stride, rows, ae, layout.act_stride, M, oe, N);
+      matmul_tiles(tk, K, we, w.row_stride, rows, ae, act_stride, M, oe, N);
     }
   }
 
