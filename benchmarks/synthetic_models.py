@@ -151,51 +151,79 @@ def write_model(path: Path, shape: Shape, preset_name: str, vocab_source: str, n
                           shapes[name])
     writer.write()
     vocab_file.close()
+    return {"n_vocab": n_vocab, "types": type_counts(types)}
+
+
+def type_counts(types: dict) -> dict[str, int]:
+    """{tensor type name: number of tensors of it}."""
     counts: dict[str, int] = {}
     for t in types.values():
         counts[t.name] = counts.get(t.name, 0) + 1
-    return {"n_vocab": n_vocab, "types": counts}
+    return counts
 
 
-def main(argv=None) -> None:
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """--out, -t, --seed and --force, as the synthetic-file scripts take them."""
+    parser.add_argument("--out", default=None, help="folder of the files (default: $EMBER_HOME/synthetic)")
+    parser.add_argument("-t", "--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="write files that exist already")
+
+
+def parse_output_arguments(parser: argparse.ArgumentParser, argv=None):
+    """(the parsed arguments, the output folder, made if missing, the thread count)."""
     from ember.hub import cache_dir
     from ember.sysinfo import checked_threads
 
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    out = Path(args.out).expanduser() if args.out else cache_dir() / "synthetic"
+    out.mkdir(parents=True, exist_ok=True)
+    return args, out, checked_threads(args.threads)
+
+
+def chosen(names: str, known: dict, script: str) -> list[str]:
+    """The comma-separated `names`, each one of `known`'s keys (else the script exits naming them)."""
+    for name in names.split(","):
+        if name not in known:
+            raise SystemExit(f"{script}: unknown name {name!r} (choose from {', '.join(known)})")
+    return names.split(",")
+
+
+def write_files(out: Path, name: str, presets: str, force: bool, write) -> None:
+    """out/NAME-PRESET.gguf for each comma-separated preset, by write(path, preset) -> {"n_vocab",
+    "types"}, unless it exists (and not force); the path printed on stdout, what it holds on stderr."""
+    for preset in presets.split(","):
+        path = out / f"{name}-{preset.lower()}.gguf"
+        if path.exists() and not force:
+            print(f"{path}: exists, kept", file=sys.stderr)
+            print(path)
+            continue
+        start = time.perf_counter()
+        info = write(path, preset)
+        types = ", ".join(f"{n} {t}" for t, n in sorted(info["types"].items(), key=lambda kv: -kv[1]))
+        print(f"{path}: {path.stat().st_size / 1e9:.2f} GB, n_vocab {info['n_vocab']}, tensors {types}, "
+              f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        print(path)
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="llama-3.2-1b,qwen2.5-3b,llama-3.1-8b", help=", ".join(SHAPES))
     parser.add_argument("--types", default="Q4_0,Q4_K_M,Q8_0", help="llama-quantize presets, comma-separated")
-    parser.add_argument("--out", default=None, help="folder of the files (default: $EMBER_HOME/synthetic)")
     parser.add_argument("--llama-vocab", default=None, help="GGUF file with Llama 3's vocabulary "
                         "(llama.cpp's models/ggml-vocab-llama-bpe.gguf)")
     parser.add_argument("--qwen-vocab", default="qwen2.5-coder-0.5b", help="GGUF file or registry name with "
                         "Qwen2.5's vocabulary")
-    parser.add_argument("-t", "--threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="write files that exist already")
-    args = parser.parse_args(argv)
-    out = Path(args.out).expanduser() if args.out else cache_dir() / "synthetic"
-    out.mkdir(parents=True, exist_ok=True)
-    n_threads = checked_threads(args.threads)
-    for shape_name in args.shapes.split(","):
-        if shape_name not in SHAPES:
-            raise SystemExit(f"synthetic_models: unknown shape {shape_name!r} (choose from {', '.join(SHAPES)})")
+    args, out, n_threads = parse_output_arguments(parser, argv)
+    for shape_name in chosen(args.shapes, SHAPES, "synthetic_models"):
         shape = SHAPES[shape_name]
         vocab = args.llama_vocab if shape.vocab == "llama" and args.llama_vocab else args.qwen_vocab
         if shape.vocab == "llama" and not args.llama_vocab:
             print(f"{shape_name}: no --llama-vocab, so Qwen2.5's vocabulary ({args.qwen_vocab}) instead of "
                   "Llama 3's: the embedding has 151,936 rows, not 128,256", file=sys.stderr)
-        for preset in args.types.split(","):
-            path = out / f"{shape_name}-{preset.lower()}.gguf"
-            if path.exists() and not args.force:
-                print(f"{path}: exists, kept", file=sys.stderr)
-                print(path)
-                continue
-            start = time.perf_counter()
-            info = write_model(path, shape, preset, vocab, n_threads, args.seed)
-            types = ", ".join(f"{n} {t}" for t, n in sorted(info["types"].items(), key=lambda kv: -kv[1]))
-            print(f"{path}: {path.stat().st_size / 1e9:.2f} GB, n_vocab {info['n_vocab']}, tensors {types}, "
-                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-            print(path)
+        write_files(out, shape_name, args.types, args.force,
+                    lambda path, preset: write_model(path, shape, preset, vocab, n_threads, args.seed))
 
 
 if __name__ == "__main__":
