@@ -246,6 +246,10 @@ def test_a_file_without_features_shows_a_dash(capsys, tiny_model):
      "per-head Q/K RMSNorm, RoPE scaling yarn x4 (from 32768, beta fast 32, beta slow 1)"),
     ("llama", {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0, "rope.scaling.attn_factor": 0.5},
      "RoPE scaling linear x2 (attention factor 0.5)"),
+    # MLA (DeepSeek-V2-Lite): key_length is the cache row (512 latent + 64 rotary), a head is 128 + 64
+    ("deepseek2", {"attention.key_length": 576, "attention.key_length_mla": 192, "rope.dimension_count": 64,
+                   "embedding_length": 2048, "attention.head_count": 16},
+     "multi-head latent attention, partial rotary (64 of 192 dimensions)"),
 ])
 def test_an_architectures_own_features_are_named(capsys, tmp_path, arch, metadata, expected):
     w = GGUFWriter(tmp_path / "f.gguf", arch)

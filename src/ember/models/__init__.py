@@ -101,7 +101,9 @@ def features(metadata: dict, tensors: dict | None = None) -> list[str]:
         return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
     n_embd, n_head = number("embedding_length", numbers.Integral), number("attention.head_count", numbers.Integral)
-    head_dim = number("attention.key_length", numbers.Integral) or (n_embd // n_head if n_embd and n_head else None)
+    # an MLA file's key_length is its cache row (latent + rotary part); key_length_mla the head's
+    head_dim = (number("attention.key_length_mla", numbers.Integral) or number("attention.key_length", numbers.Integral)
+                or (n_embd // n_head if n_embd and n_head else None))
     n_rot = number("rope.dimension_count", numbers.Integral)
     if n_rot and head_dim and n_rot < head_dim:
         names.append(f"partial rotary ({n_rot} of {head_dim} dimensions)")
