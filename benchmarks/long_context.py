@@ -100,19 +100,22 @@ def main() -> int:
             for row in json.loads(run.stdout):
                 test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
                 samples[(engine, test, int(row.get("n_depth", 0)))].extend(row["samples_ts"])
-    engines = list(cmds)
+            if args.json:  # after every run, so that an interrupted measurement keeps what it has
+                with open(args.json, "w") as fh:
+                    json.dump({"|".join(map(str, k)): v for k, v in samples.items()}, fh, indent=1)
+    print(table(samples, list(cmds), args))
+    print(f"\nmedians of {args.rounds} runs per engine; load average now {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+def table(samples: dict, engines: list[str], args) -> str:
     lines = [f"| test | depth | {' | '.join(engines)} |", "|---|---:|" + "---:|" * len(engines)]
     for test in (f"pp{args.n_prompt}", f"tg{args.n_gen}"):
         for depth in (int(d) for d in args.depths.split(",")):
             cells = [samples.get((e, test, depth)) for e in engines]
             lines.append(f"| {test} | {depth} | " + " | ".join(
-                f"{statistics.median(c):.1f}" if c else "failed" for c in cells) + " |")
-    print("\n".join(lines))
-    print(f"\nmedians of {args.rounds} runs per engine; load average now {os.getloadavg()[0]:.1f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"|".join(map(str, k)): v for k, v in samples.items()}, fh, indent=1)
-    return 0
+                f"{statistics.median(c):.1f}" if c else "-" for c in cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
