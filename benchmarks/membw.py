@@ -14,10 +14,10 @@ The other benchmark scripts import `triad_gbs` to print this figure beside their
 from __future__ import annotations
 
 import argparse
-import threading
-import time
+from functools import partial
 
 import numpy as np
+from runner import run_at_once
 
 BLOCK_ELEMS = (1 << 20) // 8  # 1 MiB of float64
 
@@ -34,14 +34,7 @@ def _triad_part(a, b, c, scalar, begin, end):
 def _one_pass(a, b, c, n_threads: int) -> float:
     n = a.size
     bounds = [n * i // n_threads for i in range(n_threads + 1)]
-    threads = [threading.Thread(target=_triad_part, args=(a, b, c, 3.0, bounds[i], bounds[i + 1]))
-               for i in range(n_threads)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - start
+    return run_at_once([partial(_triad_part, a, b, c, 3.0, bounds[i], bounds[i + 1]) for i in range(n_threads)])
 
 
 def triad_gbs(array_mb: int = 512, n_threads: int = 1, runs: int = 10) -> float:

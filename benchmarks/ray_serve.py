@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, run_at_once, start_server, stream
+from runner import run_at_once
+from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
 
 from ember.server.ray import REPLICA_HEADER, SESSION_HEADER
 from ember.sysinfo import cpu_name

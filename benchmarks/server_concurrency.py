@@ -32,12 +32,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from functools import partial
 
 import httpx
-from runner import print_and_record
+from runner import print_and_record, run_at_once
 
 PROMPTS = ["Once upon a time, in a small village,", "The history of the Roman empire", "Here is a recipe for bread:",
            "The best advice I ever got was", "In the year 2100, cities", "A letter to my younger self:",
@@ -75,18 +74,6 @@ def start_server(model: str, parallel: int, threads: int | None, n_ctx: int):
     return launch_server("ember serve", lambda port: [
         sys.executable, "-m", "ember", "serve", "-m", model, "--port", str(port), "--parallel", str(parallel),
         "-c", str(n_ctx)] + (["-t", str(threads)] if threads else []))
-
-
-def run_at_once(targets) -> float:
-    """Call every function of targets on a thread of its own, all at once; wall seconds until
-    the last returns."""
-    threads = [threading.Thread(target=target) for target in targets]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - start
 
 
 def end_of_generation_ids(model: str) -> list[int]:

@@ -27,8 +27,8 @@ import time
 from functools import partial
 
 
-from runner import ember_version, llama_binary, llama_version, machine_summary, print_and_record
-from server_concurrency import PROMPTS, client, end_of_generation_ids, launch_server, run_at_once, start_server
+from runner import ember_version, llama_binary, llama_version, machine_summary, print_and_record, run_at_once
+from server_concurrency import PROMPTS, client, end_of_generation_ids, launch_server, start_server
 
 ENGINES = ("ember", "llama.cpp")
 
