@@ -135,3 +135,43 @@ def whitespace_vocab_metadata() -> dict:
     return {"general.architecture": "llama", "tokenizer.ggml.model": "whitespace", "tokenizer.ggml.pre": "whitespace",
             "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": np.ones(len(tokens), np.int32),
             "tokenizer.ggml.merges": merges, "tokenizer.ggml.add_bos_token": False}
+
+
+UNIGRAM_MODEL = FIXTURES / "unigram.model"
+# the user-defined tokens of unigram_metadata("user"): one the corpus holds, and one that only
+# begins as corpus text does ("ｶﾀｶﾅ " there), whose prefix llama.cpp keeps from the charsmap
+UNIGRAM_USER_TOKENS = ("ing", "ｶﾀｶﾅ!")
+
+
+def unigram_metadata(variant: str = "xlm-roberta") -> dict:
+    """A "t5" (Unigram) vocabulary, from unigram.model (make_unigram_model.py) as ember convert
+    writes XLM-RoBERTa's (the same keys as llama.cpp's converter: tests/models/test_xlm_roberta.py),
+    <s> and </s> around the text. Variants: "xlm-roberta" as written (dummy prefix, extra
+    whitespace removed, the nmt_nfkc charsmap); "spaces": no space prefix, spaces kept;
+    "user": spaces kept, the UNIGRAM_USER_TOKENS user-defined (the first retyped, the second added)."""
+    from ember.convert.vocab import _xlm_roberta_vocab
+
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(UNIGRAM_MODEL, Path(folder) / "sentencepiece.bpe.model")
+        meta = _xlm_roberta_vocab(Path(folder), None, {})
+    meta.update({"general.architecture": "bert", "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
+                 "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.seperator_token_id": 2,
+                 "tokenizer.ggml.padding_token_id": 1, "tokenizer.ggml.add_bos_token": True,
+                 "tokenizer.ggml.add_eos_token": True})
+    if variant in ("spaces", "user"):
+        meta["tokenizer.ggml.add_space_prefix"] = variant == "user"
+        meta["tokenizer.ggml.remove_extra_whitespaces"] = False
+    if variant == "user":
+        tokens, types = list(meta["tokenizer.ggml.tokens"]), meta["tokenizer.ggml.token_type"].copy()
+        retyped, added = UNIGRAM_USER_TOKENS
+        types[tokens.index(retyped)] = 4
+        meta["tokenizer.ggml.tokens"] = tokens + [added]
+        meta["tokenizer.ggml.token_type"] = np.append(types, np.int32(4))
+        meta["tokenizer.ggml.scores"] = np.append(meta["tokenizer.ggml.scores"], np.float32(0))
+    if variant not in ("xlm-roberta", "spaces", "user"):
+        raise ValueError(f"no unigram vocabulary variant {variant!r}")
+    return meta

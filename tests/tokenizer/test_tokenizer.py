@@ -114,8 +114,8 @@ def test_unknown_pre_tokenizer_is_an_error_naming_it():
 
 
 def test_unknown_tokenizer_model_is_an_error_naming_it():
-    md = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]}
-    with pytest.raises(EmberError, match="t5"):
+    md = {"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["a"]}
+    with pytest.raises(EmberError, match="rwkv"):
         Tokenizer.from_metadata(md)
 
 

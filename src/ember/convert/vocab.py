@@ -11,6 +11,9 @@ Three sources, tried in the order llama.cpp tries them for the architecture:
 - tokenizer.json with a WordPiece model (BERT): model "bert", word-initial pieces written "▁piece"
   and continuations "##piece" as "piece" (llama.cpp's phantom space), the normalizer's
   lower-casing and accent stripping, the number of token types.
+- sentencepiece.bpe.model (XLM-RoBERTa's Unigram model): model "t5", the pieces moved to the ids
+  transformers gives them (<s> <pad> </s> <unk> first), the normalizer's precompiled charsmap,
+  dummy prefix and whitespace rule, as llama.cpp's XLMRobertaModel converter writes them.
 
 Special token ids, add_bos/add_eos and the chat template come from tokenizer_config.json,
 tokenizer.json and config.json (the rules of gguf-py's SpecialVocab). A folder with no tokenizer
@@ -56,7 +59,9 @@ def vocab_metadata(path: Path, arch: str, config: dict) -> dict[str, Any]:
     """tokenizer.ggml.* keys for the model folder `path` (typed: numpy arrays, str, int, bool)."""
     n_vocab = config.get("vocab_size")
     spm, hf_json = path / "tokenizer.model", path / "tokenizer.json"
-    if spm.is_file() and arch != "gpt2":
+    if str((config.get("architectures") or [""])[0]).startswith("XLMRoberta"):
+        meta = _xlm_roberta_vocab(path, n_vocab, config)
+    elif spm.is_file() and arch != "gpt2":
         meta = _sentencepiece_vocab(path, n_vocab)
         if arch in ("gemma2", "gemma3"):
             meta["tokenizer.ggml.add_space_prefix"] = False
@@ -223,6 +228,62 @@ def _sentencepiece_vocab(path: Path, n_vocab: int | None) -> dict[str, Any]:
         "tokenizer.ggml.scores": scores,
         "tokenizer.ggml.token_type": types,
     }
+
+
+def _xlm_roberta_vocab(path: Path, n_vocab: int | None, config: dict) -> dict[str, Any]:
+    """llama.cpp's _xlmroberta_set_vocab: the Unigram pieces, fairseq's ids (transformers' <s> <pad>
+    </s> <unk>, then SentencePiece's pieces from id 3 on, one later; the last id dropped so the
+    count stays), the padding ids "[PAD<i>]" unused with score -10000."""
+    model = path / "sentencepiece.bpe.model"
+    if not model.is_file():
+        raise EmberError(f"{path} has no sentencepiece.bpe.model; ember converts XLM-RoBERTa's Unigram "
+                         "vocabulary from it")
+    pieces = read_sentencepiece_model(model)
+    spec = read_sentencepiece_normalizer(model)
+    if spec["model_type"] != 1:
+        raise EmberError(f"{model} is not a Unigram model (SentencePiece model type {spec['model_type']})")
+    size = max(int(n_vocab or 0), len(pieces))
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    scores = [-10000.0] * size
+    types = [int(TokenType.UNUSED)] * size
+    for token_id, (piece, score, kind) in enumerate(pieces):
+        tokens[token_id], scores[token_id], types[token_id] = piece, score, kind
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + tokens[3:-1]
+    scores = [0.0] * 4 + scores[3:-1]
+    types = [int(TokenType.CONTROL)] * 3 + [int(TokenType.UNKNOWN)] + types[3:-1]
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": np.array(scores, np.float32),
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.add_space_prefix": spec["add_dummy_prefix"],
+        "tokenizer.ggml.token_type_count": int(config.get("type_vocab_size", 1)),
+        "tokenizer.ggml.remove_extra_whitespaces": spec["remove_extra_whitespaces"],
+    }
+    if spec["precompiled_charsmap"]:
+        meta["tokenizer.ggml.precompiled_charsmap"] = np.frombuffer(spec["precompiled_charsmap"], np.uint8).copy()
+    return meta
+
+
+def read_sentencepiece_normalizer(file: Path) -> dict[str, Any]:
+    """The model type (TrainerSpec, ModelProto field 2: model_type = 3, default UNIGRAM = 1) and
+    the normalizer (NormalizerSpec, field 3: precompiled_charsmap = 2, add_dummy_prefix = 3,
+    remove_extra_whitespaces = 4, both true by default) of a SentencePiece model."""
+    spec: dict[str, Any] = {"model_type": 1, "precompiled_charsmap": b"", "add_dummy_prefix": True,
+                            "remove_extra_whitespaces": True}
+    fields = {2: "precompiled_charsmap", 3: "add_dummy_prefix", 4: "remove_extra_whitespaces"}
+    try:
+        for field, value in _proto_fields(file.read_bytes()):
+            if field == 2:
+                spec["model_type"] = dict(_proto_fields(value)).get(3, 1)
+            elif field == 3:
+                for inner, item in _proto_fields(value):
+                    if inner in fields:
+                        spec[fields[inner]] = bytes(item) if inner == 2 else bool(item)
+    except (IndexError, struct.error, ValueError):
+        raise EmberError(f"{file} is not a valid SentencePiece model") from None
+    return spec
 
 
 # SentencePiece piece types (sentencepiece_model.proto) -> GGUF token types, as llama.cpp maps

@@ -7,8 +7,8 @@
     text = "".join(stream.feed(i) for i in ids) + stream.flush()
 
 Byte-level BPE is ember.bpe's (native merges), SentencePiece-style merging ember.spm's, WordPiece
-ember.wpm's; which
-tokens are special, which end generation and the BOS/EOS rules come from ember.vocab.
+ember.wpm's, Unigram ember.ugm's; which tokens are special, which end generation and the BOS/EOS
+rules come from ember.vocab.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from ember.errors import EmberError
 from ember.tokenizer.bpe import BpeEncoder
 from ember.tokenizer.spm import SPACE, SpmEncoder
+from ember.tokenizer.ugm import UgmEncoder
 from ember.tokenizer.wpm import WpmEncoder
 from ember.tokenizer.vocab import (
     BYTE,
@@ -45,7 +46,7 @@ class Tokenizer:
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._encoder = {"spm": SpmEncoder, "wpm": WpmEncoder}.get(vocab.kind, BpeEncoder)(vocab)
+        self._encoder = {"spm": SpmEncoder, "wpm": WpmEncoder, "ugm": UgmEncoder}.get(vocab.kind, BpeEncoder)(vocab)
         self._bytes: list[bytes | None] = [None] * vocab.n_vocab
         self.bos_id: int | None = vocab.special["bos"]
         self.eos_id: int | None = vocab.special["eos"]
@@ -119,7 +120,7 @@ class Tokenizer:
         of a character stays those bytes)."""
         ids = list(ids)
         pieces = [b"" if skip_special and self.is_special(i) else self.token_bytes(i) for i in ids]
-        if self._vocab.kind == "spm" and self._vocab.add_space_prefix:
+        if self._vocab.kind in ("spm", "ugm") and self._vocab.add_space_prefix:
             first = 1 if ids[:1] == [self.bos_id] else 0
             if first < len(pieces):
                 pieces[first] = pieces[first].removeprefix(b" ")

@@ -31,7 +31,7 @@ BYTE = 1 << 5
 # tokenizer.ggml.token_type value -> attribute (0 = undefined and anything unknown).
 _ATTR_OF_TYPE = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 
-MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm", "gemma4": "bpe", "whitespace": "bpe"}
+MODELS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm", "t5": "ugm", "gemma4": "bpe", "whitespace": "bpe"}
 # tokenizer models whose pre-tokenizer is fixed, whatever tokenizer.ggml.pre says (llama.cpp)
 _OWN_PRE = {"gemma4": "gemma4"}
 
@@ -57,10 +57,11 @@ _FIM_TEXTS = {
 _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "fim_pre", "fim_suf", "fim_mid", "fim_pad",
                  "fim_rep", "fim_sep")
 _LEGACY_FIM_KEYS = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid"}
-# tokenizer.ggml.<key>_token_id -> role, for the roles WordPiece vocabularies use
-_WPM_KEYS = {"unknown": "unk", "seperator": "sep", "padding": "pad"}  # "seperator" as GGUF spells it
-# llama.cpp's defaults for "bert" vocabularies (BERT's [CLS], [UNK], [SEP], [PAD])
-_WPM_DEFAULTS = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0}
+# tokenizer.ggml.<key>_token_id -> role, for the roles WordPiece and Unigram vocabularies use
+_ROLE_KEYS = {"unknown": "unk", "seperator": "sep", "padding": "pad"}  # "seperator" as GGUF spells it
+# llama.cpp's defaults for "bert" vocabularies (BERT's [CLS], [UNK], [SEP], [PAD]) and "t5" ones
+_ROLE_DEFAULTS = {"wpm": {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0},
+                  "ugm": {"bos": None, "eos": 1, "unk": 2, "sep": None, "pad": 0}}
 # BPE pre-tokenizers after which llama.cpp separates a text pair by default (add_sep)
 _SEPARATING_PRE = ("jina-v1-en", "jina-v2-code", "roberta-bpe")
 
@@ -71,7 +72,7 @@ class Vocab:
     attrs: np.ndarray  # uint16 attribute bits per token
     scores: np.ndarray | None  # float32 per token (SentencePiece-style vocabularies)
     merges: Any  # list-like of "left right" strings (BPE vocabularies)
-    kind: str  # "bpe", "spm" or "wpm"
+    kind: str  # "bpe", "spm", "wpm" or "ugm"
     pre: PreTokenizer | None  # BPE only
     special: dict[str, int | None]  # bos, eos, eot, eom, fim_* -> id
     eog_ids: frozenset[int]
@@ -86,6 +87,10 @@ class Vocab:
     # which place the special tokens of a text pair (Tokenizer.encode_pair)
     pair_specials: tuple[bool, bool, bool] = (False, False, False)
     drop_whitespace: bool = False  # "whitespace" BPE: the text's runs between whitespace, which is dropped
+    # Unigram: SentencePiece's normalization rules (tokenizer.ggml.precompiled_charsmap) and
+    # whether runs of spaces become one (tokenizer.ggml.remove_extra_whitespaces)
+    precompiled_charsmap: bytes | None = None
+    remove_extra_whitespaces: bool = False
     _index: Any = field(default=None, repr=False)
 
     @property
@@ -138,7 +143,7 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
         eog_ids=frozenset(),
         add_bos=(pre is not None and pre.force_bos)
         or _flag(metadata, "add_bos_token", kind == "spm" or (pre is not None and pre.add_bos)),
-        add_eos=_flag(metadata, "add_eos_token", False),
+        add_eos=_flag(metadata, "add_eos_token", kind == "ugm"),
         add_space_prefix=_flag(metadata, "add_space_prefix", kind == "spm"),
         clean_spaces=pre.clean_spaces if pre is not None else kind == "wpm",
     )
@@ -148,6 +153,10 @@ def vocab_from_metadata(metadata: dict) -> Vocab:
     if model == "whitespace":  # llama.cpp's whitespace session; lower-cased only where the file says
         vocab.drop_whitespace = True
         vocab.lowercase = _flag(metadata, "normalizer.lowercase", string_key(metadata, "tokenizer.ggml.pre") != "whitespace")
+    if kind == "ugm":
+        charsmap = numeric_array_key(metadata, "tokenizer.ggml.precompiled_charsmap", "iu")
+        vocab.precompiled_charsmap = charsmap.astype(np.uint8).tobytes() if charsmap is not None and charsmap.size else None
+        vocab.remove_extra_whitespaces = _flag(metadata, "remove_extra_whitespaces", False)
     if kind == "wpm":  # llama.cpp puts [CLS] (BOS) and [SEP] around the text, whatever the flags say
         vocab.add_bos, vocab.add_eos, vocab.add_sep = True, False, True
         vocab.lowercase = _flag(metadata, "normalizer.lowercase", False)
@@ -178,14 +187,14 @@ def _special_ids(metadata: dict, vocab: Vocab) -> dict[str, int | None]:
     n_vocab = vocab.n_vocab
     default_bos, default_eos = (1, 2) if vocab.kind == "spm" else (11, 11)
     special: dict[str, int | None] = dict.fromkeys(_SPECIAL_KEYS)
-    defaults = _WPM_DEFAULTS if vocab.kind == "wpm" else {"bos": default_bos, "eos": default_eos}
+    defaults = dict(_ROLE_DEFAULTS.get(vocab.kind) or {"bos": default_bos, "eos": default_eos})
     if vocab.pre is not None and not vocab.pre.default_bos:
         defaults["bos"] = None
     for name, default in defaults.items():
         special[name] = default if default is not None and default < n_vocab else None
     keys = [(name, name) for name in _SPECIAL_KEYS] + list(_LEGACY_FIM_KEYS.items())
-    if vocab.kind == "wpm":
-        keys += list(_WPM_KEYS.items())
+    if vocab.kind in _ROLE_DEFAULTS:
+        keys += list(_ROLE_KEYS.items())
     for key, name in keys:
         value = int_key(metadata, f"tokenizer.ggml.{key}_token_id", None, minimum=-(2**63), maximum=2**64)
         if value is not None and 0 <= value < n_vocab:
