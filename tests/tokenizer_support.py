@@ -138,15 +138,17 @@ def whitespace_vocab_metadata() -> dict:
 
 
 UNIGRAM_MODEL = FIXTURES / "unigram.model"
+UNIGRAM_N_VOCAB = 1629  # the XLM-RoBERTa ids of its 1627 pieces (fairseq's, one later from 3 on) and <mask>
 # the user-defined tokens of unigram_metadata("user"): one the corpus holds, and one that only
 # begins as corpus text does ("ｶﾀｶﾅ " there), whose prefix llama.cpp keeps from the charsmap
 UNIGRAM_USER_TOKENS = ("ing", "ｶﾀｶﾅ!")
 
 
 def unigram_metadata(variant: str = "xlm-roberta") -> dict:
-    """A "t5" (Unigram) vocabulary, from unigram.model (make_unigram_model.py) as ember convert
-    writes XLM-RoBERTa's (the same keys as llama.cpp's converter: tests/models/test_xlm_roberta.py),
-    <s> and </s> around the text. Variants: "xlm-roberta" as written (dummy prefix, extra
+    """A "t5" (Unigram) vocabulary, from unigram.model (make_unigram_model.py) as llama.cpp's
+    converter writes it for an XLMRobertaModel of UNIGRAM_N_VOCAB ids (its tokenizer keys, recorded
+    in llama_cpp_convert/xlm-roberta.json: tests/models/test_xlm_roberta.py), <s> and </s> around
+    the text, </s></s> between two. Variants: "xlm-roberta" as written (dummy prefix, extra
     whitespace removed, the nmt_nfkc charsmap); "spaces": no space prefix, spaces kept;
     "user": spaces kept, the UNIGRAM_USER_TOKENS user-defined (the first retyped, the second added)."""
     from ember.convert.vocab import _xlm_roberta_vocab
@@ -157,11 +159,12 @@ def unigram_metadata(variant: str = "xlm-roberta") -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         shutil.copy(UNIGRAM_MODEL, Path(folder) / "sentencepiece.bpe.model")
-        meta = _xlm_roberta_vocab(Path(folder), None, {})
+        meta = _xlm_roberta_vocab(Path(folder), UNIGRAM_N_VOCAB, {})
     meta.update({"general.architecture": "bert", "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
                  "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.seperator_token_id": 2,
-                 "tokenizer.ggml.padding_token_id": 1, "tokenizer.ggml.add_bos_token": True,
-                 "tokenizer.ggml.add_eos_token": True})
+                 "tokenizer.ggml.padding_token_id": 1, "tokenizer.ggml.mask_token_id": UNIGRAM_N_VOCAB - 1,
+                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True,
+                 "tokenizer.ggml.add_sep_token": True})
     if variant in ("spaces", "user"):
         meta["tokenizer.ggml.add_space_prefix"] = variant == "user"
         meta["tokenizer.ggml.remove_extra_whitespaces"] = False

@@ -5,7 +5,8 @@ so that `ember convert` is held to it without llama.cpp.
 The model converted is the test configuration's, its weights set to a pattern of each parameter's
 name and element index (`patterned`, exact in F16 and F32, the same under any torch), with the tiny
 tokenizer of `write_tiny_tokenizer`. A record (`summary`, read by the gguf package) holds:
-- "metadata": every `<arch>.` key with its GGUF type and value;
+- "metadata": every `<arch>.` key with its GGUF type and value (and, for the configurations that
+  ask, every `tokenizer.` key, an array of more than 16 values as its length and a CRC-32 of its JSON);
 - "tensors": each tensor's type, shape (ne0 first), and two sums of its values in file order, plain
   and weighted by (index mod 251) + 1, so a tensor transposed, permuted or offset differently
   (Q/K row order, Gemma's 1 + w norms, fused QKV order) sums differently.
@@ -56,17 +57,21 @@ def patterned_checkpoint(case: type, config_name: str, folder: Path) -> Path:
     return hf_dir
 
 
-def summary(path: Path) -> dict:
-    """The record of one GGUF file (see the module's docstring), read by the gguf package."""
+def summary(path: Path, tokenizer: bool = False) -> dict:
+    """The record of one GGUF file (see the module's docstring), read by the gguf package; with
+    `tokenizer`, its tokenizer.* keys too."""
     import gguf
 
     reader = gguf.GGUFReader(path)
     arch = reader.fields["general.architecture"].contents()
     metadata = {}
+    prefixes = (f"{arch}.", "tokenizer.") if tokenizer else (f"{arch}.",)
     for name, field in reader.fields.items():
-        if name.startswith(f"{arch}."):
-            metadata[name] = {"type": "/".join(gguf.GGUFValueType(t).name for t in field.types),
-                              "value": _plain(field.contents())}
+        if name.startswith(prefixes):
+            value = _plain(field.contents())
+            if isinstance(value, list) and len(value) > 16:
+                value = {"length": len(value), "crc32": zlib.crc32(json.dumps(value, ensure_ascii=False).encode())}
+            metadata[name] = {"type": "/".join(gguf.GGUFValueType(t).name for t in field.types), "value": value}
     tensors = {}
     for t in reader.tensors:
         values = gguf.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)

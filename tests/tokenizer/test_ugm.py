@@ -140,3 +140,20 @@ def test_decode_gives_sentencepieces_text():
         assert tok.decode(case["ids"], skip_special=True) == processor.decode([i - 1 for i in ids]), case["text"]
         decoded += 1
     assert decoded >= 250
+
+
+def test_the_vocabulary_is_what_llama_cpps_converter_writes(tmp_path):
+    """unigram_metadata's tokenizer keys are those llama.cpp's converter writes for the tiny
+    XLM-RoBERTa of tests/models/test_xlm_roberta.py (its record, llama_cpp_convert/xlm-roberta.json)."""
+    pytest.importorskip("gguf")
+    from converter_record import load_record, summary
+
+    from ember.gguf import GGUFWriter
+
+    writer = GGUFWriter(tmp_path / "vocab.gguf", "bert")
+    for key, value in unigram_metadata().items():
+        if key != "general.architecture":
+            writer.add(key, value)
+    ours = summary(writer.write(), tokenizer=True)["metadata"]
+    theirs = {key: value for key, value in load_record("xlm-roberta")["metadata"].items() if key.startswith("tokenizer.")}
+    assert ours == theirs

@@ -1,12 +1,17 @@
-"""BERT encoders (BERT, BGE, MiniLM, E5): learned absolute positions and token types, LayerNorm
-after each sub-layer (post-norm), non-causal attention with biases, a GELU MLP. The graph's output
+"""BERT encoders (BERT, BGE, MiniLM, E5; XLM-RoBERTa: bge-m3, multilingual-e5): learned absolute
+positions and token types, LayerNorm after each sub-layer (post-norm), non-causal attention with
+biases, a GELU MLP. The graph's output
 is the last layer's hidden state per token; pooling and normalisation are engine.embed's.
 
 A cross-encoder reranker (BertForSequenceClassification, ms-marco-MiniLM) ends in its
 classification head instead, as llama.cpp's rank pooling runs it: the [CLS] state, then
 tanh(cls(x)) where the file has `cls` (BERT's pooler, RoBERTa's dense layer), then `cls.output`
 (the classifier): one score per class. Its token types are an input per token (the query's 0,
-the document's 1, as transformers gives them)."""
+the document's 1, as transformers gives them).
+
+XLM-RoBERTa is this architecture as llama.cpp's converter writes it: its position embedding
+without the rows before pad_token_id + 1 (RoBERTa numbers positions from there), so that
+position 0 is the first token's, and its Unigram vocabulary as a "t5" tokenizer."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ from ember.gguf.types import GGMLType
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import IGNORED, get, require
 
-HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
+                    "XLMRobertaForSequenceClassification")
+_CLASSIFIERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification")
 ENCODER = True  # no LM head: build returns hidden states
 
 
@@ -136,6 +143,10 @@ _DROPPED = ("embeddings.position_ids", "pooler.", "cls.")
 # a sequence classifier's head: BERT's pooler (dense + tanh on [CLS]) and the classifier
 _CLASSIFIER = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias",
                "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias"}
+# XLM-RoBERTa's classification head (RobertaClassificationHead: dense + tanh on <s>, out_proj)
+_ROBERTA_CLASSIFIER = {"classifier.dense.weight": "cls.weight", "classifier.dense.bias": "cls.bias",
+                       "classifier.out_proj.weight": "cls.output.weight", "classifier.out_proj.bias": "cls.output.bias"}
+_POSITIONS = "embeddings.position_embeddings.weight"
 RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 
 
@@ -147,15 +158,27 @@ class Converter:
     with two differences that make the file mean what the checkpoint computes: the pooler stays
     (as cls; llama.cpp's converter drops it, and its graph then scores classifier([CLS]) instead
     of classifier(tanh(pooler([CLS])))) and the file says pooling type rank (llama.cpp's converter
-    says none and leaves it to --reranking)."""
+    says none and leaves it to --reranking).
+
+    XLMRobertaModel and XLMRobertaForSequenceClassification (bge-m3, bge-reranker-v2-m3) drop the
+    position embedding's first pad_token_id + 1 rows and count them off the context length, as
+    llama.cpp's XLMRobertaModel converter does; the reranker's head is RoBERTa's dense layer
+    (cls) and out_proj (cls.output)."""
 
     arch = "bert"
     # the checkpoint's names: whole-model tensors, a layer's modules under `block`, the ones left out
     global_names, layer_names, block, dropped = _GLOBAL, _LAYER, _BLOCK, _DROPPED
+    xlm_roberta, position_offset = False, 0  # XLM-RoBERTa: its padding rows before the first position
 
     def __init__(self, config: dict):
         self.config = config
-        self.classifies = (config.get("architectures") or [None])[0] == "BertForSequenceClassification"
+        hf_class = (config.get("architectures") or [None])[0]
+        self.classifies = hf_class in _CLASSIFIERS
+        self.xlm_roberta = str(hf_class).startswith("XLMRoberta")
+        pad = config.get("pad_token_id")
+        self.position_offset = pad + 1 if self.xlm_roberta and isinstance(pad, int) and pad >= 0 else 0
+        if self.xlm_roberta and config.get("lora_adaptations"):
+            raise EmberError("XLM-RoBERTa with LoRA adaptations (jina-embeddings-v3) is not supported")
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise EmberError(f"BERT with {config['position_embedding_type']} position embeddings is not supported")
         if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
@@ -164,8 +187,7 @@ class Converter:
     def metadata(self) -> dict[str, Any]:
         c, a = self.config, self.arch
         return {
-            f"{a}.vocab_size": int(require(c, "vocab_size")),
-            f"{a}.context_length": int(require(c, "max_position_embeddings")),
+            f"{a}.context_length": int(require(c, "max_position_embeddings")) - self.position_offset,
             f"{a}.embedding_length": int(require(c, "hidden_size")),
             f"{a}.block_count": int(require(c, "num_hidden_layers")),
             f"{a}.feed_forward_length": int(require(c, "intermediate_size")),
@@ -184,14 +206,20 @@ class Converter:
             meta[f"{self.arch}.classifier.output_labels"] = names
         return meta
 
-    def gguf_name(self, hf_name: str) -> str | None:
-        name = hf_name.removeprefix("bert.")
+    def _name(self, hf_name: str) -> str:
+        name = hf_name.removeprefix("roberta.") if self.xlm_roberta else hf_name
+        name = name.removeprefix("bert.")
         if name.endswith(".gamma"):
             name = name[:-6] + ".weight"
         if name.endswith(".beta"):
             name = name[:-5] + ".bias"
-        if self.classifies and name in _CLASSIFIER:
-            return _CLASSIFIER[name]
+        return name
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        name = self._name(hf_name)
+        classifier = _ROBERTA_CLASSIFIER if self.xlm_roberta else _CLASSIFIER
+        if self.classifies and name in classifier:
+            return classifier[name]
         if name.endswith(IGNORED) or name.startswith(self.dropped):
             return None
         if name in self.global_names:
@@ -203,12 +231,14 @@ class Converter:
         raise EmberError(f"cannot map tensor {hf_name} to a {self.arch} GGUF tensor")
 
     def transform(self, hf_name: str, values: np.ndarray) -> np.ndarray:
-        return values
+        return values[self.position_offset:] if self.transforms(hf_name) else values
 
     def transforms(self, hf_name: str) -> bool:
-        return False
+        return self.position_offset > 0 and self._name(hf_name) == _POSITIONS
 
     def shape_after(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.transforms(hf_name):
+            return (shape[0] - self.position_offset, *shape[1:])
         return shape
 
     def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
