@@ -1,7 +1,7 @@
 """Tokenizer speed: building ember's tokenizer from GGUF metadata, and encode throughput beside
 transformers' tokenizer for the same GGUF file.
 
-    python benchmarks/tokenizer_speed.py [--models smollm2-135m,...] [--repeat 5] [--out FILE.md]
+    python benchmarks/tokenizer_speed.py [--models smollm2-135m,...,unigram] [--repeat 5] [--out FILE.md]
 
 Build time is Tokenizer.from_metadata on metadata already read (ember.gguf.open_gguf is timed
 apart), as wall time and as CPU time (less disturbed by other work on the machine). Encode
@@ -10,6 +10,9 @@ tokenizer tests (code, CJK, Arabic, emoji, whitespace runs), each about 256 KiB,
 and line by line. transformers loads the same file with
 AutoTokenizer.from_pretrained(folder, gguf_file=...), its own GGUF-to-tokenizers conversion;
 where its ids differ from ember's, ember's are llama.cpp's (tests/test_tokenizer.py checks them).
+"unigram" is the Unigram ("t5") vocabulary of the tests (tests/fixtures/unigram.model, 1,629 ids
+as the XLM-RoBERTa converters write them: tokenizer_support.unigram_metadata) beside transformers'
+XLMRobertaTokenizer on the same SentencePiece model (its `tokenizers` Unigram, in Rust).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+sys.path[:0] = [str(ROOT / "tests" / "fixtures"), str(ROOT / "tests")]
 
 from tokenizer_corpus import ENGLISH, corpus
 
@@ -31,7 +34,7 @@ from ember.gguf import open_gguf
 from ember.hub import resolve_model
 from ember.tokenizer.tokenizer import Tokenizer
 
-MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")
+MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m", "unigram")
 TEXT_BYTES = 1 << 18
 
 
@@ -69,17 +72,37 @@ def transformers_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
+def unigram_peer():
+    """The tests' Unigram vocabulary and transformers' tokenizer of the same SentencePiece model."""
+    import shutil
+    import tempfile
+
+    from tokenizer_support import UNIGRAM_MODEL, unigram_metadata
+    from transformers import XLMRobertaTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(UNIGRAM_MODEL, Path(folder) / "sentencepiece.bpe.model")
+        return unigram_metadata(), XLMRobertaTokenizer.from_pretrained(folder)
+
+
 def bench_model(name: str, texts: dict[str, str], repeat: int) -> tuple[str, list[str]]:
     """One row of the build table and the encode rows of one model."""
-    path = resolve_model(name)
-    open_time, _ = best_and_median(lambda: open_gguf(path).metadata, repeat)
-    metadata = open_gguf(path).metadata
+    if name == "unigram":
+        open_time = 0.0
+        start = time.perf_counter()
+        metadata, theirs = unigram_peer()
+        hf_load = time.perf_counter() - start
+    else:
+        path = resolve_model(name)
+        open_time, _ = best_and_median(lambda: open_gguf(path).metadata, repeat)
+        metadata = open_gguf(path).metadata
     build_best, build_median = best_and_median(lambda: Tokenizer.from_metadata(metadata), repeat)
     build_cpu, _ = best_and_median(lambda: Tokenizer.from_metadata(metadata), repeat, time.process_time)
     ours = Tokenizer.from_metadata(metadata)
-    start = time.perf_counter()
-    theirs = transformers_tokenizer(path)
-    hf_load = time.perf_counter() - start
+    if name != "unigram":
+        start = time.perf_counter()
+        theirs = transformers_tokenizer(path)
+        hf_load = time.perf_counter() - start
     build_row = (f"| {name} | {len(metadata['tokenizer.ggml.tokens'])} | {open_time * 1e3:.0f} | "
                  f"{build_best * 1e3:.0f} / {build_median * 1e3:.0f} | {build_cpu * 1e3:.0f} | {hf_load:.1f} |")
     encoders = {"ember": lambda s: ours.encode(s, add_special=False),

@@ -18,6 +18,7 @@ normal score less 10; runs of unknown tokens become one.
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -31,6 +32,7 @@ _REPLACEMENT = "\ufffd".encode()
 _UNKNOWN_PENALTY = np.float32(10.0)
 # UTF-8 sequence length by the high nibble of its first byte (llama.cpp's unicode_len_utf8)
 _UTF8_LEN = (1,) * 12 + (2, 2, 3, 4)
+_KEY_BYTES = 4
 
 
 class CharsMap:
@@ -54,6 +56,20 @@ class CharsMap:
         self._replacements = blob[4 + n_bytes:]
         self._root = self._node(0, self._base)
         self._texts: dict[int, bytes] = {}
+
+    def ascii_kept(self) -> dict[int, frozenset[int]]:
+        """{ASCII byte: the bytes after which a longer match may begin} for each ASCII byte that
+        the map does not replace on its own (all but NUL, where matching stops, and the leaves)."""
+        kept: dict[int, frozenset[int]] = {0: frozenset()}
+        for c in range(1, 128):
+            node = self._root ^ c
+            if node >= len(self._check) or self._check[node] != c:
+                kept[c] = frozenset()
+            elif not self._leaf[node]:
+                children = node ^ self._base[node]
+                kept[c] = frozenset(c2 for c2 in range(1, 256) if (children ^ c2) < len(self._check)
+                                    and self._check[children ^ c2] == c2)
+        return kept
 
     def _node(self, index: int, table: list) -> int:
         if index >= len(table):
@@ -104,28 +120,26 @@ class UgmEncoder:
         normal = (attrs & NORMAL) != 0
         min_score = np.float32(scores[normal].min()) if normal.any() else np.float32(np.finfo(np.float32).max)
         self._unknown_score = float(min_score - _UNKNOWN_PENALTY)  # in float32, as llama.cpp
-        # token bytes -> (id, score) for normal, user-defined and unused tokens (of equal texts
-        # the last); every proper prefix of such a token -> None, so that one look-up says both
-        self._pieces: dict[bytes, tuple[int, float] | None] = {}
+        # token bytes -> id for normal, user-defined and unused tokens (of equal texts the last);
+        # the longest of them by their first _KEY_BYTES bytes, which bounds the look-ups from a position
+        self._ids: dict[bytes, int] = {}
+        self._longest: dict[bytes, int] = {}
+        self._scores = scores.astype(np.float64).tolist()
+        ids, longest, tokens = self._ids, self._longest, vocab.tokens
+        for token_id in np.flatnonzero(attrs & (NORMAL | USER_DEFINED | UNUSED)).tolist():
+            text = tokens[token_id].encode()
+            if text:
+                ids[text] = token_id
+                if len(text) >= _KEY_BYTES and longest.get(text[:_KEY_BYTES], 0) < len(text):
+                    longest[text[:_KEY_BYTES]] = len(text)
         user_prefixes: set[bytes] = set()
-        matched = np.flatnonzero(attrs & (NORMAL | USER_DEFINED | UNUSED)).tolist()
-        user = (attrs & USER_DEFINED) != 0
-        score_list = scores.tolist()
-        pieces = self._pieces
-        for token_id in matched:
-            text = vocab.tokens[token_id].encode()
-            if not text:
-                continue
-            is_user = bool(user[token_id])
-            for end in range(1, len(text)):
-                pieces.setdefault(text[:end], None)
-                if is_user:
-                    user_prefixes.add(text[:end])
-            pieces[text] = (token_id, 0.0 if is_user else score_list[token_id])
-            if is_user:
-                user_prefixes.add(text)
+        for token_id in np.flatnonzero(attrs & USER_DEFINED).tolist():
+            text = tokens[token_id].encode()
+            self._scores[token_id] = 0.0
+            user_prefixes.update(text[:end] for end in range(1, len(text) + 1))
         self._user_prefixes = user_prefixes
         self._user_first = {p[0] for p in user_prefixes}
+        self._kept_run = _kept_run(self._charsmap, self._user_first)
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
         return self._special.encode(text, parse_special, self._encode_plain)
@@ -153,7 +167,14 @@ class UgmEncoder:
             return data  # valid UTF-8 already, nothing to replace
         out = bytearray()
         pos, n = 0, len(data)
+        kept_run = self._kept_run.match
         while pos < n:
+            run = kept_run(data, pos)
+            if run is not None:  # ASCII that stays as it is
+                out += run.group()
+                pos = run.end()
+                if pos >= n:
+                    break
             if data[pos] in user_first:  # the longest walk along the user-defined tokens' trie
                 length = 1
                 while pos + length < n and data[pos:pos + length + 1] in self._user_prefixes:
@@ -178,7 +199,8 @@ class UgmEncoder:
 
     def _viterbi(self, data: bytes) -> list[int]:
         n = len(data)
-        pieces, unknown, unknown_score = self._pieces, self._unknown, self._unknown_score
+        ids, longest, scores = self._ids, self._longest, self._scores
+        unknown, unknown_score = self._unknown, self._unknown_score
         # per end offset: (score sum, start offset, token id) of the best segmentation so far
         best_score = [-float("inf")] * (n + 1)
         best_start = [0] * (n + 1)
@@ -189,18 +211,18 @@ class UgmEncoder:
             char_len = min(_UTF8_LEN[data[pos] >> 4], n - pos)
             base = best_score[pos]
             whole_char = False
-            end = pos + 1
-            while end <= n:
-                entry = pieces.get(data[pos:end], False)
-                if entry is False:
-                    break
-                if entry is not None:
-                    if end - pos == char_len:
-                        whole_char = True
-                    score = base + entry[1]
-                    if score > best_score[end]:
-                        best_score[end], best_start[end], best_token[end] = score, pos, entry[0]
-                end += 1
+            # the tokens that start here, shortest first: up to _KEY_BYTES - 1 bytes, then up to
+            # the longest that shares the next _KEY_BYTES bytes
+            last = min(n, pos + max(_KEY_BYTES - 1, longest.get(data[pos:pos + _KEY_BYTES], 0)))
+            for end in range(pos + 1, last + 1):
+                token = ids.get(data[pos:end])
+                if token is None:
+                    continue
+                if end - pos == char_len:
+                    whole_char = True
+                score = base + scores[token]
+                if score > best_score[end]:
+                    best_score[end], best_start[end], best_token[end] = score, pos, token
             if not whole_char:
                 end = pos + char_len
                 score = base + unknown_score
@@ -223,6 +245,24 @@ class UgmEncoder:
             previous_unknown = is_unknown
         ids.reverse()
         return ids
+
+
+def _kept_run(charsmap: CharsMap | None, user_first: set[int]) -> re.Pattern:
+    """A regex matching a run of ASCII bytes that normalization keeps as they are: no user-defined
+    token starts with them, and the charsmap neither replaces one alone nor, by what follows it,
+    begins a longer match there."""
+    kept = charsmap.ascii_kept() if charsmap is not None else dict.fromkeys(range(128), frozenset())
+    by_next: dict[frozenset[int], list[int]] = {}
+    for c, following in kept.items():
+        if c not in user_first:
+            by_next.setdefault(following, []).append(c)
+
+    def byte_class(values) -> bytes:
+        return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
+
+    options = [byte_class(first) + (b"(?!" + byte_class(following) + b")" if following else b"")
+               for following, first in by_next.items()]
+    return re.compile(b"(?:" + b"|".join(options) + b")+" if options else b"(?!)")
 
 
 def _utf8_length(data: bytes, pos: int) -> int:
