@@ -1,13 +1,16 @@
 """ember on Ray Serve (ember.server.ray, `ember serve --ray`), on a real local Ray cluster.
 
-The test starts a two-CPU Ray cluster without a dashboard, runs `ember serve --ray` against it
-(RAY_ADDRESS) with two replicas of one thread each, and tears both down at the end. The oracle
-is a plain `ember serve` process answering the same greedy requests: through Ray Serve's proxy
-every answer, schema and error must be the same.
+The test starts a two-CPU Ray cluster without a dashboard (its processes in ember's
+cluster_environment), runs `ember serve --ray` against it (RAY_ADDRESS) with two replicas of one
+thread each, and tears both down at the end. The oracle is a plain `ember serve` process
+answering the same greedy requests: through Ray Serve's proxy every answer, schema and error
+must be the same. The proxy's middleware is also tested on its own, around fake proxies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import time
@@ -26,12 +29,19 @@ import ray
 from ray import serve
 
 
+from ember.cli.main import build_parser
+from ember.cli.serve import ray_application
 from ember.errors import EmberError
+from ember.server import build_server
 from ember.server.ray import (
+    APP_ARGS,
     CONFIG_EXAMPLE,
     REPLICA_HEADER,
+    RETRY_AFTER_SECONDS,
     SESSION_HEADER,
+    CleanReplicaErrors,
     build_app,
+    cluster_environment,
     deployment_options,
     preferred_replicas,
 )
@@ -39,7 +49,7 @@ from ember.server.ray import (
 
 MODEL = "smollm2-135m"
 N_CTX = 512
-SERVE_FLAGS = ("-m", MODEL, "-c", str(N_CTX), "--parallel", "4", "-t", "1")
+SERVE_FLAGS = ("-m", MODEL, "-c", str(N_CTX), "--parallel", "4", "-t", "1", "-ctk", "q8_0", "-ctv", "q8_0")
 N_CLIENTS = 16
 TIMEOUT = 300
 
@@ -60,13 +70,14 @@ def requests_of_16_clients() -> list[tuple[str, dict]]:
 
 def ask(url: str, route: str, body: dict, headers: dict | None = None) -> dict:
     """The answer's status, the replica that gave it, and its text, finish reason and usage
-    (a stream's text put together from its chunks; `complete` once it ended with [DONE])."""
+    (a stream's text put together from its chunks; `complete` once it ended with [DONE]); an
+    error answer's body and Retry-After, a stream's error event (`error`)."""
     with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         if not body.get("stream"):
             response = client.post(route, json=body, headers=headers)
             answer = {"status": response.status_code, "replica": response.headers.get(REPLICA_HEADER)}
             if response.status_code != 200:
-                return {**answer, "body": response.text}
+                return {**answer, "body": response.text, "retry_after": response.headers.get("retry-after")}
             choice = response.json()["choices"][0]
             text = choice["message"]["content"] if "message" in choice else choice["text"]
             return {**answer, "text": text, "finish_reason": choice["finish_reason"],
@@ -75,7 +86,7 @@ def ask(url: str, route: str, body: dict, headers: dict | None = None) -> dict:
                            headers=headers) as response:
             answer = {"status": response.status_code, "replica": response.headers.get(REPLICA_HEADER)}
             if response.status_code != 200:
-                return {**answer, "body": response.read().decode()}
+                return {**answer, "body": response.read().decode(), "retry_after": response.headers.get("retry-after")}
             text, finish_reason, usage, complete = "", None, None, False
             for line in response.iter_lines():
                 if not line.startswith("data: "):
@@ -84,6 +95,9 @@ def ask(url: str, route: str, body: dict, headers: dict | None = None) -> dict:
                     complete = True
                     continue
                 chunk = json.loads(line[len("data: "):])
+                if "error" in chunk:
+                    answer["error"] = chunk["error"]
+                    continue
                 usage = chunk.get("usage") or usage
                 for choice in chunk["choices"]:
                     text += choice.get("delta", {}).get("content") or choice.get("text") or ""
@@ -165,6 +179,137 @@ def test_serve_run_with_key_value_arguments_builds_an_application():
     assert deployment.init_args == (MODEL, {"n_threads": 2, "parallel": 4})
 
 
+def test_every_engine_option_of_ember_serve_reaches_the_replicas():
+    flags = ["serve", "--ray", "-m", MODEL, "-t", "2", "--parallel", "3", "-c", "256", "-b", "64", "--queue-size", "7",
+             "--api-key", "key", "--activations", "f32", "--no-mmap", "--mlock", "--chat-template", "chatml",
+             "--cors-origins", "*", "--no-slots", "-ctk", "q8_0", "-ctv", "f32", "--replicas", "2"]
+    deployment = ray_application(build_parser().parse_args(flags))._bound_deployment
+    assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"], deployment.max_ongoing_requests) == \
+        (2, 2, 3)
+    model, options = deployment.init_args
+    assert model == MODEL
+    assert options == {"n_threads": 2, "parallel": 3, "n_ctx": 256, "n_batch": 64, "queue_size": 7, "api_key": "key",
+                       "activations": "f32", "use_mmap": False, "use_mlock": True, "chat_template": "chatml",
+                       "cors_origins": "*", "slots_endpoint": False, "type_k": "q8_0", "type_v": "f32"}
+    # every option build_server takes is one of them: a new one cannot be left behind unnoticed
+    assert set(options) == set(inspect.signature(build_server).parameters) - {"model"}
+
+
+def test_the_application_arguments_are_build_servers_options():
+    server = set(inspect.signature(build_server).parameters) - {"model", "n_threads", "parallel"}
+    assert server <= set(APP_ARGS)
+    app = build_app({"model": MODEL, "type_k": "q8_0", "type_v": "q8_0", "use_mmap": "false", "n_batch": "128"})
+    assert app._bound_deployment.init_args[1] == {"type_k": "q8_0", "type_v": "q8_0", "use_mmap": False,
+                                                  "n_batch": 128, "n_threads": 1, "parallel": 4}
+    with pytest.raises(EmberError, match="n_threads is set by the Ray application's threads"):
+        from ember.server.ray import ember_app
+
+        ember_app(MODEL, n_threads=2)
+
+
+# -- the proxy's middleware, around fake proxies ---------------------------------------------
+
+
+def run_through_middleware(proxy, body: bytes = b'{"prompt": "hi"}', disconnect: bool = False) -> tuple[list, list]:
+    """What a client is sent when `proxy` (an ASGI app, called once per try with the try's
+    number and the body it received) serves a POST through CleanReplicaErrors; and the bodies
+    each try received."""
+    sent, bodies = [], []
+    incoming = [{"type": "http.request", "body": body[:4], "more_body": True},
+                {"type": "http.request", "body": body[4:], "more_body": False}]
+
+    async def receive():
+        if incoming:
+            return incoming.pop(0)
+        if disconnect:
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # the client waits for its answer
+
+    async def send(message):
+        sent.append(message)
+
+    async def app(scope, receive, send):  # as Ray's proxy: it reads the client until it disconnects
+        received = b""
+        while True:
+            message = await receive()
+            received += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        bodies.append(received)
+        listening = asyncio.create_task(receive())
+        await asyncio.sleep(0)
+        await proxy(len(bodies), send)
+        listening.cancel()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"host", b"x")]}
+    asyncio.run(CleanReplicaErrors(app)(scope, receive, send))
+    return sent, bodies
+
+
+def json_answer(sent: list) -> tuple[int, dict, dict]:
+    start, body = sent
+    return start["status"], dict(start["headers"]), json.loads(body["body"])
+
+
+def test_a_request_whose_replica_died_before_answering_goes_once_more_with_its_body():
+    async def proxy(attempt, send):
+        if attempt == 2:  # the first try's replica died: Ray's proxy sent nothing
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"ok": 1}'})
+
+    sent, bodies = run_through_middleware(proxy)
+    assert bodies == [b'{"prompt": "hi"}'] * 2
+    assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b'{"ok": 1}'
+
+
+def test_a_request_no_replica_answers_gets_a_retryable_503_in_openais_error_shape():
+    async def proxy(attempt, send):
+        pass
+
+    sent, bodies = run_through_middleware(proxy)
+    assert len(bodies) == 2
+    status, headers, body = json_answer(sent)
+    assert (status, headers[b"retry-after"], headers[b"content-type"]) == \
+        (503, str(RETRY_AFTER_SECONDS).encode(), b"application/json")
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == "replica_unavailable"
+
+
+def test_a_stream_cut_short_ends_with_an_error_event_and_done():
+    async def proxy(attempt, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b'data: {"choices": []}\n\n', "more_body": True})
+
+    sent, bodies = run_through_middleware(proxy)
+    assert len(bodies) == 1  # part of the answer went out: not sent again
+    events = b"".join(m.get("body", b"") for m in sent).decode().split("\n\n")
+    assert events[0] == 'data: {"choices": []}' and events[2:] == ["data: [DONE]", ""]
+    error = json.loads(events[1][len("data: "):])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "replica_unavailable")
+    assert sent[-1]["more_body"] is False
+
+
+def test_rays_plain_text_errors_are_answered_as_error_bodies():
+    async def proxy(attempt, send):  # as Ray's proxy answers back-pressure
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"16"),
+                                (b"retry-after", b"2")]})
+        await send({"type": "http.response.body", "body": b"Request dropped."})
+
+    sent, bodies = run_through_middleware(proxy)
+    status, headers, body = json_answer(sent)
+    assert (status, headers[b"retry-after"], body["error"]["message"]) == (503, b"2", "Request dropped.")
+    assert len(bodies) == 1
+
+
+def test_a_request_whose_client_went_away_is_not_sent_again():
+    async def proxy(attempt, send):
+        pass
+
+    sent, bodies = run_through_middleware(proxy, disconnect=True)
+    assert (sent, len(bodies)) == ([], 1)
+
+
 # -- on a local Ray cluster ----------------------------------------------------------------
 
 
@@ -222,14 +367,18 @@ def probes(url: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster of 2 CPUs, no dashboard.
+    """A local Ray cluster of 2 CPUs, no dashboard, its processes in ember's cluster_environment.
 
     Ray workers import the ember this test imports (an installed one, or this checkout's src/ with
-    its in-place build) and the tests' helper modules; the PYTHONPATH that tells them so is this
-    fixture's own and is put back afterwards, so later tests' subprocesses do not inherit it.
+    its in-place build) and the tests' helper modules; the PYTHONPATH that tells them so, like the
+    cluster's environment, is this fixture's own and is put back afterwards, so later tests'
+    subprocesses do not inherit it.
     """
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ember_root()), str(TESTS), *([saved] if saved else [])])
+    environment = {**cluster_environment(),
+                   "PYTHONPATH": os.pathsep.join([str(ember_root()), str(TESTS),
+                                                  *([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ else [])])}
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
     try:
         context = ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
         try:
@@ -238,10 +387,11 @@ def cluster():
             serve.shutdown()
             ray.shutdown()
     finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +419,22 @@ def test_16_concurrent_clients_get_what_ember_serve_answers(ray_server, referenc
 @pytest.mark.slow
 def test_models_health_and_errors_are_ember_serves(ray_server, reference):
     assert probes(ray_server) == reference["probes"]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_the_replicas_engines_run_with_ember_serves_options(ray_server):
+    handle = serve.get_app_handle("ember")
+    found = {}
+    for _ in range(50):  # the handle picks a replica: until both have answered
+        options = handle.engine_options.remote().result(timeout_s=TIMEOUT)
+        found[options.pop("replica")] = options
+        if len(found) == 2:
+            break
+    assert len(found) == 2
+    for options in found.values():  # SERVE_FLAGS: -c 512 --parallel 4 -t 1 -ctk q8_0 -ctv q8_0
+        assert options == {"n_ctx": N_CTX, "n_threads": 1, "n_seq": 4, "n_batch": 512, "activations": "int8",
+                           "type_k": "q8_0", "type_v": "q8_0"}
 
 
 def replica_metric(url: str, session: str, name: str) -> tuple[str, float]:
@@ -304,16 +470,21 @@ def test_a_killed_replica_loses_no_acknowledged_answer_and_comes_back(ray_server
     requests = requests_of_16_clients()
     victim = httpx.get(f"{ray_server}/health", timeout=TIMEOUT).headers[REPLICA_HEADER]
     with ThreadPoolExecutor(N_CLIENTS) as pool:
-        futures = [pool.submit(safe_ask, ray_server, *request) for request in requests]
+        futures = [pool.submit(ask, ray_server, *request) for request in requests]
         wait(futures, return_when=FIRST_COMPLETED)  # the first answer is in; the others are under way
         ray.kill(replica_actor(victim))
         answers = [future.result() for future in futures]
     for answer, expected in zip(answers, reference["answers"]):
-        if answer["status"] == 200 and answer["complete"]:
+        if answer["status"] == 200 and "error" not in answer:
             assert without_replica(answer) == without_replica(expected)
-        else:  # retryable: a 5xx from the proxy, a connection cut, or a stream that never said [DONE]
-            assert answer["status"] in (None, 200) or answer["status"] >= 500, answer
-    assert any(a["status"] == 200 and a["complete"] for a in answers)
+        elif answer["status"] == 200:  # a stream under way: an error event, then [DONE]
+            assert answer["complete"] and answer["error"]["code"] == "replica_unavailable", answer
+            assert expected["text"].startswith(answer["text"])
+        else:  # not answered: a retryable 503 in OpenAI's error shape
+            assert (answer["status"], answer["retry_after"]) == (503, str(RETRY_AFTER_SECONDS)), answer
+            error = json.loads(answer["body"])["error"]
+            assert (error["type"], error["code"]) == ("server_busy", "replica_unavailable")
+    assert any(a["status"] == 200 and a["complete"] and "error" not in a for a in answers)
 
     deadline = time.monotonic() + TIMEOUT
     while replica_alive(victim) or running_replicas() < 2:
@@ -322,13 +493,6 @@ def test_a_killed_replica_loses_no_acknowledged_answer_and_comes_back(ray_server
     answers = ask_all(ray_server, requests)
     assert [without_replica(a) for a in answers] == [without_replica(a) for a in reference["answers"]]
     assert victim not in {a["replica"] for a in answers}
-
-
-def safe_ask(url: str, route: str, body: dict) -> dict:
-    try:
-        return ask(url, route, body)
-    except httpx.TransportError:  # the connection ended mid-answer
-        return {"status": None, "complete": False}
 
 
 def replica_actor_names(replica: str) -> list[str]:

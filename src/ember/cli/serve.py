@@ -31,12 +31,7 @@ def cli_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     from ember.server import build_server
 
-    app, scheduler = build_server(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                  parallel=args.parallel, queue_size=args.queue_size, api_key=args.api_key,
-                                  activations=args.activations, n_batch=batch_size(args), use_mmap=args.mmap,
-                                  use_mlock=args.mlock, chat_template=args.chat_template,
-                                  cors_origins=args.cors_origins, slots_endpoint=args.slots,
-                                  type_k=args.cache_type_k, type_v=args.cache_type_v)
+    app, scheduler = build_server(args.model, n_threads=args.threads, parallel=args.parallel, **server_options(args))
     try:
         model = scheduler.model
         activations = "" if model.activations == "int8" else f", {model.activations} activations"
@@ -57,8 +52,6 @@ def serve_on_ray(args) -> int:
     try:
         import ray
         from ray import serve
-
-        from ember.server.ray import ember_app
     except ImportError:
         raise EmberError("--ray needs Ray Serve: pip install 'ember[ray]'") from None
     host, port = args.host, args.port
@@ -66,17 +59,15 @@ def serve_on_ray(args) -> int:
         with listening_socket(host, 0) as sock:  # Ray's proxy needs a port number: a free one
             port = sock.getsockname()[1]
     threads = args.threads or 1
-    app = ember_app(args.model, replicas=args.replicas or 1, threads=threads, parallel=args.parallel,
-                    min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                    target_ongoing_requests=args.target_ongoing_requests, n_ctx=args.ctx_size,
-                    queue_size=args.queue_size, api_key=args.api_key, activations=args.activations,
-                    n_batch=batch_size(args), use_mmap=args.mmap, use_mlock=args.mlock,
-                    chat_template=args.chat_template, cors_origins=args.cors_origins, slots_endpoint=args.slots)
+    app = ray_application(args)
     existing = bool(os.environ.get("RAY_ADDRESS"))
     if not existing:
         from ember.hub import resolve_model
+        from ember.server.ray import cluster_environment
 
         resolve_model(args.model)  # pulled once here, not by every local replica at once
+        for name, value in cluster_environment().items():  # the local cluster's processes inherit them
+            os.environ.setdefault(name, value)
     ray.init(**({} if existing else {"include_dashboard": False}), logging_level=logging.WARNING,
              log_to_driver=False)
     stop = threading.Event()
@@ -108,6 +99,27 @@ def serve_on_ray(args) -> int:
     finally:
         ray.shutdown()
     return 0
+
+
+def server_options(args) -> dict:
+    """build_server's options from `ember serve`'s flags (all but the model, threads and slots),
+    the same for one process and for every Ray replica."""
+    return dict(n_ctx=args.ctx_size, queue_size=args.queue_size, api_key=args.api_key, activations=args.activations,
+                n_batch=batch_size(args), use_mmap=args.mmap, use_mlock=args.mlock, chat_template=args.chat_template,
+                cors_origins=args.cors_origins, slots_endpoint=args.slots, type_k=args.cache_type_k,
+                type_v=args.cache_type_v)
+
+
+def ray_application(args):
+    """The Ray Serve application `ember serve --ray` runs: replicas of build_server with every
+    option `ember serve` takes."""
+    try:
+        from ember.server.ray import ember_app
+    except ImportError:
+        raise EmberError("--ray needs Ray Serve: pip install 'ember[ray]'") from None
+    return ember_app(args.model, replicas=args.replicas or 1, threads=args.threads or 1, parallel=args.parallel,
+                     min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                     target_ongoing_requests=args.target_ongoing_requests, **server_options(args))
 
 
 def _server_class():

@@ -14,21 +14,32 @@ Routing keeps a conversation's KV cache warm: requests carrying the same `X-Sess
 header go to the same replica (SessionAffinityRouter), whose scheduler then reuses the cached
 prefix of the growing chat; requests without one go to the less busy of two random replicas.
 Every answer names its replica in the `X-Ember-Replica` header.
+
+A replica that dies mid-request (its process killed, its node lost) leaves Ray's proxy with
+no answer to give, which it sends as a plain-text 500 or a stream cut short. The proxy's
+middleware (proxy_middlewares, which Ray's proxies load from RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH:
+see cluster_environment) sends such a request once more, to another replica, if nothing of its
+answer was sent yet; else it answers as `ember serve` does: a 503 with Retry-After and an
+OpenAI-style error body, or for a stream already under way an error event, then `[DONE]`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 
 from ray import serve
 from ray.serve.request_router import RequestRouter
 
 from ember.errors import EmberError
+from ember.server.schemas import error_body
 
+PROXY_CALLBACK = "ember.server.ray:proxy_middlewares"
 SESSION_HEADER = "X-Session-ID"  # Ray Serve's session header (RAY_SERVE_SESSION_ID_HEADER_KEY)
 REPLICA_HEADER = "x-ember-replica"
 DEFAULT_PARALLEL = 4
+RETRY_AFTER_SECONDS = 1
 
 CONFIG_EXAMPLE = """\
 # serve run ember.config.yaml   (or: serve deploy ember.config.yaml on a running cluster)
@@ -76,10 +87,20 @@ class EmberReplica:
         from ember.server import build_server
 
         self.asgi_app, self.scheduler = build_server(model, **server_options)
-        self.asgi_app.add_middleware(_NameReplica, replica=serve.get_replica_context().replica_id.unique_id)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.asgi_app.add_middleware(_NameReplica, replica=self.replica)
 
     def __serve_build_asgi_app__(self):
         return self.asgi_app
+
+    def engine_options(self) -> dict:
+        """What the replica's engine runs with, and the replica's id (a Ray call, not a route)."""
+        from ember.engine.runtime import kv_cache_type_name
+
+        model = self.scheduler.model
+        return {"replica": self.replica, "n_ctx": model.n_ctx, "n_threads": model.n_threads, "n_seq": model.n_seq, "n_batch": model.n_batch,
+                "activations": model.activations, "type_k": kv_cache_type_name(model.type_k),
+                "type_v": kv_cache_type_name(model.type_v)}
 
     def check_health(self) -> None:
         """Ray restarts a replica whose health check raises."""
@@ -104,6 +125,120 @@ class _NameReplica:
             await send(message)
 
         return await self.app(scope, receive, named_send if scope["type"] == "http" else send)
+
+
+def cluster_environment() -> dict[str, str]:
+    """The environment variables the processes of a Ray cluster serving ember start with (set
+    before `ray start`, or before ray.init starts a local cluster): Ray Serve's HTTP proxies
+    load proxy_middlewares."""
+    return {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": PROXY_CALLBACK}
+
+
+def proxy_middlewares() -> list:
+    """The ASGI middlewares of Ray Serve's HTTP proxy (RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH)."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(CleanReplicaErrors)]
+
+
+class CleanReplicaErrors:
+    """ASGI middleware around Ray Serve's HTTP proxy: what the proxy cannot answer (its replica
+    died mid-request, no replica is there, Ray's own back-pressure or timeout) is answered in
+    ember's error shape.
+
+    - the proxy gave no answer at all: the request goes once more through the proxy (its body
+      replayed), which routes it to a live replica; if that one gives none either, 503 with
+      Retry-After and an OpenAI-style error body;
+    - a stream of server-sent events that ended before its last part: an error event, then
+      `data: [DONE]`, as `ember serve` ends a stream whose request failed;
+    - Ray's own plain-text error answers (408, 429, 503): the same status and headers, the
+      message in an OpenAI-style error body.
+
+    A request whose client went away is left alone."""
+
+    def __init__(self, app, retries: int = 1):
+        self.app = app
+        self.retries = retries
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        received, gone = [], False  # the request's body messages, for a second try
+
+        async def recording_receive():
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.request":
+                received.append(message)
+            elif message["type"] == "http.disconnect":
+                gone = True
+            return message
+
+        for attempt in range(1 + self.retries):
+            replay = list(received)
+
+            async def attempt_receive():
+                return replay.pop(0) if replay else await recording_receive()
+
+            answer = _Answer(send)
+            await self.app({**scope, "headers": list(scope.get("headers", []))}, attempt_receive, answer.send)
+            if answer.complete or gone:
+                return
+            if answer.started:
+                return await answer.end_stream()
+        await _send_error(send, 503, "the replica serving this request stopped before it answered; retry",
+                          "replica_unavailable", [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
+
+
+class _Answer:
+    """One try's answer on its way to the client: whether it started and ended; Ray's plain-text
+    error answers turned into error bodies."""
+
+    def __init__(self, send):
+        self._send = send
+        self.started = self.complete = self.events = False
+        self._held: dict | None = None  # a plain-text error's start, sent with its body
+
+    async def send(self, message):
+        kind = message["type"]
+        if kind == "http.response.start":
+            headers = dict(message.get("headers", []))
+            content_type = headers.get(b"content-type", b"")
+            if message["status"] >= 400 and content_type.startswith(b"text/plain"):
+                self._held = message
+                return
+            self.events = content_type.startswith(b"text/event-stream")
+            self.started = True
+        elif kind == "http.response.body":
+            if self._held is not None:
+                held, self._held = self._held, None
+                headers = [(k, v) for k, v in held.get("headers", []) if k.lower() not in (b"content-type",
+                                                                                          b"content-length")]
+                self.started = self.complete = True
+                message_text = bytes(message.get("body", b"")).decode("utf-8", errors="replace").strip()
+                return await _send_error(self._send, held["status"], message_text or "the request failed",
+                                         None, headers)
+            self.complete = not message.get("more_body", False)
+        await self._send(message)
+
+    async def end_stream(self) -> None:
+        """End a stream that was cut short: an error event and [DONE] for server-sent events;
+        any other body is left cut (its client sees a broken connection, not a whole answer)."""
+        if not self.events:
+            return
+        error = error_body("the replica serving this stream stopped; retry the request", "server_error",
+                           code="replica_unavailable")
+        await self._send({"type": "http.response.body", "more_body": False,
+                          "body": f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()})
+
+
+async def _send_error(send, status: int, message: str, code: str | None, headers: list) -> None:
+    kind = "server_busy" if status in (429, 503) else "server_error"
+    body = json.dumps(error_body(message, kind, code=code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def deployment_options(replicas: int | None = 1, threads: int = 1, parallel: int = DEFAULT_PARALLEL,
@@ -144,7 +279,10 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
               min_replicas: int | None = None, max_replicas: int | None = None,
               target_ongoing_requests: float | None = None, **server_options):
     """The Ray Serve application serving `model` (server_options: build_server's, such as n_ctx,
-    queue_size, api_key, activations)."""
+    queue_size, api_key, activations, type_k; n_threads and parallel are `threads` and `parallel`)."""
+    taken = sorted(set(server_options) & {"n_threads", "parallel"})
+    if taken:
+        raise EmberError(f"{taken[0]} is set by the Ray application's threads and parallel, not as a server option")
     options = deployment_options(replicas, threads, parallel, min_replicas, max_replicas, target_ongoing_requests)
     deployment = serve.deployment(EmberReplica, name="ember", **options)
     return deployment.bind(model, {**server_options, "n_threads": threads, "parallel": parallel})
@@ -152,7 +290,8 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
 
 APP_ARGS = {"model": str, "replicas": int, "threads": int, "parallel": int, "min_replicas": int, "max_replicas": int,
             "target_ongoing_requests": float, "n_ctx": int, "queue_size": int, "api_key": str, "activations": str,
-            "n_batch": int, "chat_template": str, "cors_origins": str, "slots_endpoint": bool}
+            "n_batch": int, "use_mmap": bool, "use_mlock": bool, "chat_template": str, "cors_origins": str,
+            "slots_endpoint": bool, "type_k": str, "type_v": str}
 
 
 def build_app(args: dict):
