@@ -1,7 +1,7 @@
 """ember on Ray Serve against as many plain `ember serve` processes on the same cores.
 
     python benchmarks/ray_serve.py [--model smollm2-135m] [--replicas 1,2] [--clients 8] [--tokens 32]
-                                   [--repeat 3] [--latency 20] [--parallel 4] [--record FILE]
+                                   [--repeat 3] [--latency 20] [--parallel 4] [--plain-ray] [--record FILE]
 
 For each replica count n: n `ember serve` processes (-t 1, --parallel P, each on its own port; the
 clients take them in turn, as a round-robin load balancer would) and a local Ray cluster of
@@ -12,7 +12,12 @@ change in the machine's load touches both alike:
 - aggregate speed: --clients streaming completions at once (greedy, end-of-generation banned, so
   each makes exactly --tokens tokens), generated tokens per second of wall time;
 - overhead per request: --latency sequential requests of each kind, median seconds: GET /health
-  (no model work: what the proxy and the router add) and a 1-token completion.
+  (no model work: what the proxy and the router add), a 1-token and a 64-token completion
+  (not streamed; greedy, end-of-generation banned; the 64-token one a fifth as many times).
+
+The Ray cluster runs in ember's cluster_environment (what `ember serve --ray` starts a local
+cluster with: the proxy's middleware, Ray's gRPC path from the proxy to the replicas, one event
+loop each); `--plain-ray` leaves Ray's defaults.
 
 Medians of --repeat rounds are reported, and each round's Ray / direct ratio.
 
@@ -53,14 +58,17 @@ def aggregate_speed(urls: list[str], n_clients: int, n_tokens: int, banned: list
     return sum(counts) / seconds
 
 
-def latencies(url: str, n: int) -> dict[str, float]:
-    """Median seconds of a GET /health and of a 1-token completion, n sequential requests each."""
+def latencies(url: str, n: int, banned: list[int]) -> dict[str, float]:
+    """Median seconds of a GET /health and of a 1-token and a 64-token completion, n sequential
+    requests each (n // 5 of the 64-token one)."""
     found = {}
-    for name, method, route, body in (("health", "GET", "/health", None),
-                                      ("1-token completion", "POST", "/v1/completions",
-                                       {"prompt": "Hi", "max_tokens": 1, "temperature": 0})):
+    for name, method, route, body, count in (
+            ("health", "GET", "/health", None, n),
+            *((f"{tokens}-token completion", "POST", "/v1/completions",
+               {"prompt": "Hi", "max_tokens": tokens, "temperature": 0, "logit_bias": {str(t): -100 for t in banned}},
+               n if tokens == 1 else max(1, n // 5)) for tokens in (1, 64))):
         times = []
-        for _ in range(n):
+        for _ in range(count):
             start = time.perf_counter()
             client().request(method, f"{url}{route}", json=body).raise_for_status()
             times.append(time.perf_counter() - start)
@@ -68,14 +76,18 @@ def latencies(url: str, n: int) -> dict[str, float]:
     return found
 
 
-def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int) -> str:
+def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int, plain: bool = False) -> str:
     import ray
     from ray import serve
 
-    from ember.server.ray import ember_app
+    from ember.server.ray import cluster_environment, ember_app
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
                                                 os.environ.get("PYTHONPATH", "")])
+    for name in cluster_environment():
+        os.environ.pop(name, None)
+    if not plain:
+        os.environ.update(cluster_environment())
     ray.init(num_cpus=n_replicas, include_dashboard=False, logging_level="warning", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -96,7 +108,7 @@ def measure(args, n: int, banned: list[int]) -> dict:
     direct = [start_server(args.model, args.parallel, 1, args.ctx) for _ in range(n)]
     direct_urls = [url for _, url in direct]
     try:
-        ray_url = start_ray(n, args.model, args.parallel, args.ctx)
+        ray_url = start_ray(n, args.model, args.parallel, args.ctx, args.plain_ray)
         try:
             for urls in (direct_urls, [ray_url]):  # warm up every slot
                 aggregate_speed(urls, n * args.parallel, 4, banned)
@@ -104,7 +116,7 @@ def measure(args, n: int, banned: list[int]) -> dict:
             for _ in range(args.repeat):
                 for kind, urls in (("direct", direct_urls), ("ray", [ray_url])):
                     found[kind]["speed"].append(aggregate_speed(urls, args.clients, args.tokens, banned))
-                    found[kind]["latency"].append(latencies(urls[0], args.latency))
+                    found[kind]["latency"].append(latencies(urls[0], args.latency, banned))
             return found
         finally:
             stop_ray()
@@ -151,7 +163,7 @@ def chats(url: str, n_chats: int, n_turns: int, sessions: bool) -> dict:
 
 
 def affinity_report(args) -> str:
-    url = start_ray(2, args.model, args.parallel, args.ctx)
+    url = start_ray(2, args.model, args.parallel, args.ctx, args.plain_ray)
     try:
         found = {"with X-Session-ID": chats(url, args.chats, args.turns, True),
                  "without": chats(url, args.chats, args.turns, False)}
@@ -171,7 +183,8 @@ def affinity_report(args) -> str:
 def report(args, results: dict[int, dict]) -> str:
     lines = [f"# ember on Ray Serve against plain `ember serve` ({args.model})", "",
              f"- machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} logical CPUs, "
-             f"load average at the start {args.load_before:.1f}",
+             f"load average at the start {args.load_before:.1f}, at the end {os.getloadavg()[0]:.1f}",
+             f"- Ray cluster: {'Ray defaults (--plain-ray)' if args.plain_ray else 'ember cluster_environment'}",
              f"- each engine: 1 thread, --parallel {args.parallel}, -c {args.ctx}; {args.clients} streaming clients "
              f"of {args.tokens} tokens; {args.latency} sequential requests per latency; median of {args.repeat} "
              "alternating rounds", "",
@@ -183,12 +196,13 @@ def report(args, results: dict[int, dict]) -> str:
         rounds = "; ".join(f"{d:.1f} / {r:.1f}" for d, r in zip(direct, ray))
         lines.append(f"| {n} | {statistics.median(direct):.1f} | {statistics.median(ray):.1f} | {ratio:.2f} | "
                      f"{rounds} |")
-    lines += ["", "| engines | request | direct ms | Ray Serve ms | added ms |", "|---:|---|---:|---:|---:|"]
+    lines += ["", "| engines | request | direct ms | Ray Serve ms | added ms | Ray / direct |",
+              "|---:|---|---:|---:|---:|---:|"]
     for n, found in sorted(results.items()):
         for name in found["direct"]["latency"][0]:
             direct = statistics.median(r[name] for r in found["direct"]["latency"]) * 1e3
             ray = statistics.median(r[name] for r in found["ray"]["latency"]) * 1e3
-            lines.append(f"| {n} | {name} | {direct:.1f} | {ray:.1f} | {ray - direct:+.1f} |")
+            lines.append(f"| {n} | {name} | {direct:.1f} | {ray:.1f} | {ray - direct:+.1f} | {ray / direct:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +218,7 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=512, help="context per slot")
     parser.add_argument("--chats", type=int, default=0, help="measure the cache affinity of this many chats instead")
     parser.add_argument("--turns", type=int, default=4, help="turns per chat (with --chats)")
+    parser.add_argument("--plain-ray", action="store_true", help="Ray's defaults, not ember's cluster_environment")
     parser.add_argument("--record", default=None, help="also write the report (markdown) to this file")
     args = parser.parse_args()
     args.load_before = os.getloadavg()[0]

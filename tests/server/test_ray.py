@@ -37,9 +37,12 @@ from ember.server.ray import (
     APP_ARGS,
     CONFIG_EXAMPLE,
     REPLICA_HEADER,
+    BODY_KEY,
+    MAX_SCOPE_BODY,
     RETRY_AFTER_SECONDS,
     SESSION_HEADER,
     CleanReplicaErrors,
+    _BodyFromScope,
     build_app,
     cluster_environment,
     deployment_options,
@@ -169,6 +172,13 @@ def test_the_config_file_in_the_docs_builds_an_application():
     assert deployment.max_ongoing_requests == 4
 
 
+def test_the_readme_starts_a_cluster_with_embers_environment():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = readme[readme.index("env RAY_SERVE_"):readme.index("ray start --head", readme.index("env RAY_SERVE_"))]
+    assert sorted(command.replace("\\\n", " ").split()[1:]) == \
+        sorted(f"{name}={value}" for name, value in cluster_environment().items())
+
+
 def test_serve_run_with_key_value_arguments_builds_an_application():
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
@@ -210,11 +220,13 @@ def test_the_application_arguments_are_build_servers_options():
 # -- the proxy's middleware, around fake proxies ---------------------------------------------
 
 
-def run_through_middleware(proxy, body: bytes = b'{"prompt": "hi"}', disconnect: bool = False) -> tuple[list, list]:
+def run_through_middleware(proxy, body: bytes = b'{"prompt": "hi"}', disconnect: bool = False,
+                           scopes: list | None = None) -> tuple[list, list]:
     """What a client is sent when `proxy` (an ASGI app, called once per try with the try's
     number and the body it received) serves a POST through CleanReplicaErrors; and the bodies
-    each try received."""
+    each try received (and into `scopes`, the scope of each)."""
     sent, bodies = [], []
+    scopes = [] if scopes is None else scopes
     incoming = [{"type": "http.request", "body": body[:4], "more_body": True},
                 {"type": "http.request", "body": body[4:], "more_body": False}]
 
@@ -236,6 +248,7 @@ def run_through_middleware(proxy, body: bytes = b'{"prompt": "hi"}', disconnect:
             if not message.get("more_body"):
                 break
         bodies.append(received)
+        scopes.append(scope)
         listening = asyncio.create_task(receive())
         await asyncio.sleep(0)
         await proxy(len(bodies), send)
@@ -260,6 +273,32 @@ def test_a_request_whose_replica_died_before_answering_goes_once_more_with_its_b
     sent, bodies = run_through_middleware(proxy)
     assert bodies == [b'{"prompt": "hi"}'] * 2
     assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b'{"ok": 1}'
+
+
+def test_a_small_body_travels_in_the_scope_and_the_replica_reads_it_there():
+    async def proxy(attempt, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    scopes = []
+    run_through_middleware(proxy, scopes=scopes)
+    assert scopes[0][BODY_KEY] == b'{"prompt": "hi"}'
+    large = b"x" * (MAX_SCOPE_BODY + 1)
+    _, bodies = run_through_middleware(proxy, body=large, scopes=scopes)
+    assert BODY_KEY not in scopes[1] and bodies == [large]  # the proxy still gets all of it
+
+    proxied = [{"type": "http.request", "body": b'{"prompt": "hi"}', "more_body": False}, {"type": "http.disconnect"}]
+    seen = []
+
+    async def receive():  # Ray's receive in the replica: the proxy's copy of the body, then the disconnect
+        return proxied.pop(0)
+
+    async def app(scope, receive, send):
+        seen.extend([await receive(), await receive()])
+
+    asyncio.run(_BodyFromScope(app)({"type": "http", BODY_KEY: b'{"prompt": "hi"}'}, receive, None))
+    assert seen == [{"type": "http.request", "body": b'{"prompt": "hi"}', "more_body": False},
+                    {"type": "http.disconnect"}]
 
 
 def test_a_request_no_replica_answers_gets_a_retryable_503_in_openais_error_shape():

@@ -40,6 +40,8 @@ SESSION_HEADER = "X-Session-ID"  # Ray Serve's session header (RAY_SERVE_SESSION
 REPLICA_HEADER = "x-ember-replica"
 DEFAULT_PARALLEL = 4
 RETRY_AFTER_SECONDS = 1
+BODY_KEY = "ember.body"  # a request's body, read by the proxy, travels in its ASGI scope under this key
+MAX_SCOPE_BODY = 64 << 10  # bodies up to this size travel so (larger ones the replica reads from the proxy)
 
 CONFIG_EXAMPLE = """\
 # serve run ember.config.yaml   (or: serve deploy ember.config.yaml on a running cluster)
@@ -89,6 +91,7 @@ class EmberReplica:
         self.asgi_app, self.scheduler = build_server(model, **server_options)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.asgi_app.add_middleware(_NameReplica, replica=self.replica)
+        self.asgi_app.add_middleware(_BodyFromScope)
 
     def __serve_build_asgi_app__(self):
         return self.asgi_app
@@ -111,6 +114,31 @@ class EmberReplica:
         self.scheduler.stop()
 
 
+class _BodyFromScope:
+    """ASGI middleware: a request whose body came in its scope (see CleanReplicaErrors) reads it
+    from there, not through a Ray call back to the proxy; the proxy's copy that Ray fetches
+    anyway is passed over, the messages after it (the client's disconnect) are not."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        body = scope.get(BODY_KEY) if scope["type"] == "http" else None
+        if body is None:
+            return await self.app(scope, receive, send)
+        first = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def scoped_receive():
+            if first:
+                return first.pop()
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return message
+
+        return await self.app(scope, scoped_receive, send)
+
+
 class _NameReplica:
     """ASGI middleware: each answer's X-Ember-Replica header names the replica that gave it."""
 
@@ -130,8 +158,14 @@ class _NameReplica:
 def cluster_environment() -> dict[str, str]:
     """The environment variables the processes of a Ray cluster serving ember start with (set
     before `ray start`, or before ray.init starts a local cluster): Ray Serve's HTTP proxies
-    load proxy_middlewares."""
-    return {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": PROXY_CALLBACK}
+    load proxy_middlewares; and Ray's shorter paths for a request (those of its
+    RAY_SERVE_THROUGHPUT_OPTIMIZED, less its direct ingress, which would bypass the proxy and
+    its request router): the proxy sends requests to replicas over gRPC rather than as Ray
+    actor calls, routes them on its own event loop, and a replica runs the app on its main
+    event loop rather than on a thread of its own (ember's routes do their blocking work on
+    threads of their own)."""
+    return {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": PROXY_CALLBACK, "RAY_SERVE_PROXY_USE_GRPC": "1",
+            "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
 def proxy_middlewares() -> list:
@@ -154,7 +188,9 @@ class CleanReplicaErrors:
     - Ray's own plain-text error answers (408, 429, 503): the same status and headers, the
       message in an OpenAI-style error body.
 
-    A request whose client went away is left alone."""
+    A request whose client went away is left alone. A body of up to MAX_SCOPE_BODY bytes is read
+    before the request goes on and travels in its scope (BODY_KEY), so the replica does not wait
+    on a Ray call back to the proxy for it."""
 
     def __init__(self, app, retries: int = 1):
         self.app = app
@@ -174,6 +210,9 @@ class CleanReplicaErrors:
                 gone = True
             return message
 
+        body = await _small_body(recording_receive, received) if scope.get("method") in ("POST", "PUT", "PATCH") else None
+        if body is not None:
+            scope = {**scope, BODY_KEY: body}
         for attempt in range(1 + self.retries):
             replay = list(received)
 
@@ -188,6 +227,21 @@ class CleanReplicaErrors:
                 return await answer.end_stream()
         await _send_error(send, 503, "the replica serving this request stopped before it answered; retry",
                           "replica_unavailable", [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
+
+
+async def _small_body(receive, received: list) -> bytes | None:
+    """The request's whole body if it is at most MAX_SCOPE_BODY bytes, else None (what was read
+    of it stays in `received`, as every message `receive` gives)."""
+    size = 0
+    while not received or received[-1].get("more_body", False):
+        count = len(received)
+        message = await receive()
+        if len(received) == count:  # not a body part: the client went away
+            return None
+        size += len(message.get("body", b""))
+        if size > MAX_SCOPE_BODY:
+            return None
+    return b"".join(message.get("body", b"") for message in received)
 
 
 class _Answer:
