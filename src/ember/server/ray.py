@@ -185,7 +185,7 @@ class CleanReplicaErrors:
       Retry-After and an OpenAI-style error body;
     - a stream of server-sent events that ended before its last part: an error event, then
       `data: [DONE]`, as `ember serve` ends a stream whose request failed;
-    - Ray's own plain-text error answers (408, 429, 503): the same status and headers, the
+    - Ray's own plain-text error answers (408, 429, 500, 503): the same status and headers, the
       message in an OpenAI-style error body.
 
     A request whose client went away is left alone. A body of up to MAX_SCOPE_BODY bytes is read
@@ -244,6 +244,9 @@ async def _small_body(receive, received: list) -> bytes | None:
     return b"".join(message.get("body", b"") for message in received)
 
 
+_RAY_ERRORS = (408, 429, 500, 503)  # the statuses Ray's proxy answers with a message of its own
+
+
 class _Answer:
     """One try's answer on its way to the client: whether it started and ended; Ray's plain-text
     error answers turned into error bodies."""
@@ -258,7 +261,7 @@ class _Answer:
         if kind == "http.response.start":
             headers = dict(message.get("headers", []))
             content_type = headers.get(b"content-type", b"")
-            if message["status"] >= 400 and content_type.startswith(b"text/plain"):
+            if message["status"] in _RAY_ERRORS and content_type.startswith(b"text/plain"):
                 self._held = message
                 return
             self.events = content_type.startswith(b"text/event-stream")
