@@ -82,6 +82,16 @@ def summary(path: Path, tokenizer: bool = False) -> dict:
     return {"architecture": arch, "metadata": metadata, "tensors": tensors}
 
 
+def tokenizer_record(hf_dir: Path, output: Path, llama_cpp: str | Path | None = None) -> dict:
+    """The record, tokenizer keys too, of `hf_dir` converted to F32 by `ember convert` or, given a
+    llama.cpp source tree, by its converter."""
+    if llama_cpp is not None:
+        return summary(llama_cpp_convert(llama_cpp, hf_dir, output), tokenizer=True)
+    from ember.convert import convert
+
+    return summary(convert(hf_dir, output, "f32"), tokenizer=True)
+
+
 def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]

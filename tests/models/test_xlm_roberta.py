@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from converter_record import assert_same_file, llama_cpp_convert, load_record, patterned, summary  # noqa: E402
+from converter_record import assert_same_file, llama_cpp_convert, load_record, patterned, tokenizer_record  # noqa: E402
 from parity import LLAMA_CPP, randomize  # noqa: E402
 from tokenizer_support import UNIGRAM_MODEL  # noqa: E402
 
@@ -172,17 +172,14 @@ def test_rerank_scores_equal_transformers_logits(reranker):
 
 @pytest.mark.parametrize("name", sorted(CONVERTER_RECORDS))
 def test_ember_convert_writes_what_llama_cpps_converter_writes(name, tmp_path):
-    hf_dir = CONVERTER_RECORDS[name](tmp_path)
-    ours = summary(convert(hf_dir, tmp_path / "ember.gguf", "f32"), tokenizer=True)
+    ours = tokenizer_record(CONVERTER_RECORDS[name](tmp_path), tmp_path / "ember.gguf")
     assert_same_file(ours, load_record(name), left_out=LEFT_OUT[name])
 
 
 @pytest.mark.skipif(LLAMA_CPP is None, reason="EMBER_LLAMA_CPP names no llama.cpp source tree")
 @pytest.mark.parametrize("name", sorted(CONVERTER_RECORDS))
 def test_llama_cpps_converter_still_writes_the_record(name, tmp_path):
-    hf_dir = CONVERTER_RECORDS[name](tmp_path)
-    theirs = summary(llama_cpp_convert(LLAMA_CPP, hf_dir, tmp_path / "llama.cpp.gguf"), tokenizer=True)
-    assert theirs == load_record(name)
+    assert tokenizer_record(CONVERTER_RECORDS[name](tmp_path), tmp_path / "llama.cpp.gguf", LLAMA_CPP) == load_record(name)
 
 
 @pytest.mark.skipif(LLAMA_CPP is None, reason="EMBER_LLAMA_CPP names no llama.cpp source tree")

@@ -50,6 +50,8 @@ def convert(hf_dir: str | Path, output: str | Path, outtype: str = "f16") -> Pat
         raise EmberError(f"unknown output type {outtype!r} (choose {', '.join(OUTTYPES)})")
     ckpt = open_checkpoint(hf_dir)
     converter = converter_for(ckpt.architecture, ckpt.config)
+    if hasattr(converter, "read_folder"):  # optional: what the folder says beyond config.json
+        converter.read_folder(ckpt.path)
     writer = GGUFWriter(output, converter.arch)
     writer.add("general.type", "model")
     writer.add("general.name", ckpt.path.resolve().name)
