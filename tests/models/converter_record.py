@@ -167,14 +167,20 @@ def write_tiny_tokenizer(hf_dir: Path, n_vocab: int, kind: str = "bpe") -> None:
         '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}')
 
 
-# llama.cpp's converter refuses a byte-level BPE whose pre-tokenizer it does not know by hash;
-# the tiny tokenizer's is GPT-2's.
+# llama.cpp's converter refuses a tokenizer whose pre-tokenizer it does not know by hash; the tiny
+# tokenizer's is GPT-2's (a real one, all-MiniLM's, it knows).
 _LLAMA_CPP_CONVERT = """
 import sys
 tree = sys.argv.pop(1)
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base
-conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+known = conversion.base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+conversion.base.TextModel.get_vocab_base_pre = pre
 import convert_hf_to_gguf
 sys.argv[0] = "convert_hf_to_gguf.py"
 convert_hf_to_gguf.main()

@@ -113,3 +113,18 @@ def test_minilm_embeddings_equal_sentence_transformers_pipeline():
         with torch.no_grad():
             expected = hf(**encoded).last_hidden_state[0].mean(0).numpy()
         assert cosines(embedding.vector, expected) >= MIN_COSINE
+
+
+# what llama.cpp's converter writes for all-MiniLM-L6-v2 (tests/fixtures/llama_cpp_convert, recorded
+# with the tokenizer keys): among them tokenizer.ggml.pre, which it names by a hash of the
+# tokenizer's ids ("jina-v2-en" for uncased BERT's vocabulary)
+CONVERTER_RECORDS = {"all-minilm-l6-v2": lambda folder: minilm_folder()}
+
+
+@pytest.mark.model
+def test_ember_convert_writes_what_llama_cpps_converter_writes_for_minilm(tmp_path):
+    from converter_record import assert_same_file, load_record, tokenizer_record
+
+    record = load_record("all-minilm-l6-v2")
+    assert record["metadata"]["tokenizer.ggml.pre"]["value"] == "jina-v2-en"
+    assert_same_file(tokenizer_record(minilm_folder(), tmp_path / "ember.gguf"), record)

@@ -10,7 +10,8 @@ Three sources, tried in the order llama.cpp tries them for the architecture:
   name (`tokenizer.ggml.pre`) recognised from the tokenizer's pre_tokenizer.
 - tokenizer.json with a WordPiece model (BERT): model "bert", word-initial pieces written "▁piece"
   and continuations "##piece" as "piece" (llama.cpp's phantom space), the normalizer's
-  lower-casing and accent stripping, the number of token types.
+  lower-casing and accent stripping, the number of token types, and the pre-tokenizer name
+  llama.cpp's converter gives the tokenizer by the hash of its ids for a fixed text.
 - sentencepiece.bpe.model (XLM-RoBERTa's Unigram model): model "t5", the pieces moved to the ids
   transformers gives them (<s> <pad> </s> <unk> first), the normalizer's precompiled charsmap,
   dummy prefix and whitespace rule, as llama.cpp's XLMRobertaModel converter writes them.
@@ -53,6 +54,16 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_PRE = {_LLAMA3_REGEX: "llama-bpe", _QWEN2_REGEX: "qwen2"}
+
+# llama.cpp's converter names a tokenizer by the sha256 of str(ids) of this text (get_vocab_base_pre);
+# the names of the WordPiece tokenizers it knows (uncased BERT's, as bge-small-en-v1.5, all-MiniLM
+# and jina-embeddings-v2-base-en have it, is jina-v2-en: that entry comes last)
+_CHECK_TEXT = ("\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ "
+               "🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
+               "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
+               "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL")
+_WORDPIECE_PRE = {"0876d13b50744004aa9aeae05e7b0647eac9d801b5ba4668afc01e709c15e19f": "jina-v2-en",
+                  "8e62295832751ca1e8f92f2226f403dea30dc5165e448b5bfa05af5340c64ec7": "bert-bge-large"}
 
 
 def vocab_metadata(path: Path, arch: str, config: dict) -> dict[str, Any]:
@@ -134,7 +145,7 @@ def _wordpiece_vocab(tokenizer: dict, n_vocab: int | None, config: dict) -> dict
     meta: dict[str, Any] = {
         "tokenizer.ggml.token_type_count": int(config.get("type_vocab_size", 1)),
         "tokenizer.ggml.model": "bert",
-        "tokenizer.ggml.pre": "default",  # llama.cpp reads no pre-tokenizer for WordPiece
+        "tokenizer.ggml.pre": _wordpiece_pre(tokenizer),  # a name only: llama.cpp's WordPiece reads none
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
     }
@@ -142,6 +153,24 @@ def _wordpiece_vocab(tokenizer: dict, n_vocab: int | None, config: dict) -> dict
     _normalizer_flags(tokenizer.get("normalizer") or {}, flags)
     meta.update({f"tokenizer.ggml.normalizer.{name}": value for name, value in flags.items()})
     return meta
+
+
+def _wordpiece_pre(tokenizer: dict) -> str:
+    """llama.cpp's name of a WordPiece tokenizer, by the hash of its ids (special tokens added) for
+    _CHECK_TEXT; "default" for one it does not know (where llama.cpp's converter stops)."""
+    import hashlib
+    import json
+
+    from tokenizers import Tokenizer
+
+    try:
+        runner = Tokenizer.from_str(json.dumps(tokenizer))
+        runner.no_truncation()  # as transformers runs it: the file's truncation and padding off
+        runner.no_padding()
+        ids = runner.encode(_CHECK_TEXT).ids
+    except Exception:  # a tokenizer.json the tokenizers library cannot run: no name to find
+        return "default"
+    return _WORDPIECE_PRE.get(hashlib.sha256(str(ids).encode()).hexdigest(), "default")
 
 
 def _normalizer_flags(normalizer: dict, flags: dict[str, bool]) -> None:
