@@ -195,3 +195,95 @@ def test_a_reranker_scores_tanh_of_its_one_row_head_on_cls(tmp_path):
         np.testing.assert_allclose(np.concatenate(scores), expected, atol=2e-4)
     finally:
         model.close()
+
+
+# -- ember convert: JinaBertModel checkpoints --------------------------------------------------------
+
+# llama.cpp's tensors -> Jina's checkpoint names (jina-embeddings-v2-base-en's layout)
+HF_NAMES = {"token_embd": "embeddings.word_embeddings", "token_types": "embeddings.token_type_embeddings",
+            "token_embd_norm": "embeddings.LayerNorm", "attn_q": "attention.self.query",
+            "attn_k": "attention.self.key", "attn_v": "attention.self.value",
+            "attn_q_norm": "attention.self.layer_norm_q", "attn_k_norm": "attention.self.layer_norm_k",
+            "attn_output": "attention.output.dense", "attn_output_norm": "attention.output.LayerNorm",
+            "ffn_up": "mlp.gated_layers", "ffn_down": "mlp.wo", "layer_output_norm": "mlp.layernorm"}
+CHECKPOINT_CONFIG = CONFIGS["fused-qk-norms"]
+
+
+def jina_checkpoint(folder, weights: dict[str, np.ndarray], tokenizer=None):
+    """`weights` (random_weights' names, unbiased_up) saved as a JinaBertModel folder: Jina's tensor
+    names, its config, mean pooling in modules.json, and the files of a WordPiece `tokenizer` folder
+    if given."""
+    import json
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for name, values in weights.items():
+        parts = name.split(".")
+        if parts[0] == "blk":
+            tensors[f"encoder.layer.{parts[1]}.{HF_NAMES[parts[2]]}.{parts[3]}"] = values
+        else:
+            tensors[f"{HF_NAMES[parts[0]]}.{parts[1]}"] = values
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    n_vocab = weights["token_embd.weight"].shape[0]
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["JinaBertModel"], "model_type": "bert", "vocab_size": n_vocab, "hidden_size": N_EMBD,
+        "num_hidden_layers": N_LAYER, "num_attention_heads": CHECKPOINT_CONFIG["n_head"], "intermediate_size": N_FF,
+        "max_position_embeddings": N_CTX, "type_vocab_size": 2, "layer_norm_eps": EPS, "hidden_act": "gelu",
+        "position_embedding_type": "alibi", "feed_forward_type": "geglu"}))
+    (folder / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                     "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    if tokenizer is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+            shutil.copy(tokenizer / name, folder / name)
+    return folder
+
+
+def unbiased_up(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Without the fused gate and up's bias, which Jina's gated_layers has not."""
+    return {name: values for name, values in weights.items() if not name.endswith("ffn_up.bias")}
+
+
+def minilm_sized_weights() -> dict[str, np.ndarray]:
+    """random_weights with a token embedding of all-MiniLM's (BERT's uncased) 30,522 tokens."""
+    weights = unbiased_up(random_weights(CHECKPOINT_CONFIG))
+    weights["token_embd.weight"] = np.random.default_rng(5).standard_normal((30522, N_EMBD)).astype(np.float32)
+    return weights
+
+
+def minilm_jina_checkpoint(folder):
+    from encoder_models import minilm_folder
+
+    return jina_checkpoint(folder / "hf", minilm_sized_weights(), minilm_folder())
+
+
+CONVERTER_RECORDS = {"jina-bert-v2": minilm_jina_checkpoint}
+
+
+def test_a_converted_checkpoint_runs_as_the_reference(tmp_path):
+    from ember.convert import convert
+
+    weights = unbiased_up(random_weights(CHECKPOINT_CONFIG))
+    model = Model(convert(jina_checkpoint(tmp_path / "hf", weights), tmp_path / "f32.gguf", "f32"), n_threads=2)
+    try:
+        assert model.gguf.metadata["jina-bert-v2.pooling_type"] == 1
+        inputs = [list(range(7, 7 + n)) for n in (3, 21)]
+        found = Embedder(model, None, pooling="none", normalize=False).embed_tokens(inputs)
+        for embedding, ids in zip(found, inputs):
+            assert cosines(embedding.vector, reference(CHECKPOINT_CONFIG, weights, ids)).min() >= MIN_COSINE
+    finally:
+        model.close()
+
+
+@pytest.mark.model
+def test_ember_convert_writes_what_llama_cpps_converter_writes(tmp_path):
+    """Every jina-bert-v2.* and tokenizer.* key and every tensor, tokenizer.ggml.pre jina-v2-en among them."""
+    from converter_record import assert_same_file, load_record, tokenizer_record
+
+    record = load_record("jina-bert-v2")
+    assert record["metadata"]["tokenizer.ggml.pre"]["value"] == "jina-v2-en"
+    assert_same_file(tokenizer_record(minilm_jina_checkpoint(tmp_path), tmp_path / "ember.gguf"), record)

@@ -4,15 +4,19 @@ LayerNormed where the file has attn_q_norm / attn_k_norm, a second norm after at
 has attn_norm_2, and a gated GELU MLP, gelu(gate(x)) * up(x), the gate its own ffn_gate or the
 first half of a fused ffn_up of 2 n_ff rows (plain gelu(up(x)) where ffn_up has n_ff rows):
 llama.cpp's jina-bert-v2 graph. A reranker's head (jina-reranker-v1) is one row, `cls`, run as
-llama.cpp's rank pooling runs it: tanh(cls([CLS]))."""
+llama.cpp's rank pooling runs it: tanh(cls([CLS])).
+
+`ember convert` turns JinaBertModel (jina-embeddings-v2 with a WordPiece tokenizer: base-en,
+small-en) into this file as llama.cpp's converter writes it."""
 
 from __future__ import annotations
 
-from ember.errors import GGUFError
+from ember.errors import EmberError, GGUFError
 from ember.models import bert
 from ember.models.blocks import Builder, HParams
 from ember.models.validate import n_rows
 
+HF_ARCHITECTURES = ("JinaBertModel", "JinaBertForMaskedLM")
 ENCODER = True
 ALIBI_MAX_BIAS = 8.0
 
@@ -68,3 +72,34 @@ def build(b: Builder) -> int:
     for il in range(b.hp.n_layer):
         x = layer(b, x, il)
     return bert.outputs(b, x)
+
+
+_GLOBAL = {name: gguf for name, gguf in bert.Converter.global_names.items() if gguf != "position_embd.weight"}
+# Jina's modules (and jina-embeddings-v2-base-code's names for them) -> llama.cpp's tensors
+_LAYER = {
+    "attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+    "attention.self.layer_norm_q": "attn_q_norm", "attention.self.layer_norm_k": "attn_k_norm",
+    "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
+    "layer_norm_1": "attn_norm_2",
+    "mlp.gated_layers": "ffn_up", "mlp.up_gated_layer": "ffn_up",  # the gate and up rows together, the gate first
+    "mlp.wo": "ffn_down", "mlp.down_layer": "ffn_down",
+    "mlp.layernorm": "layer_output_norm", "layer_norm_2": "layer_output_norm",
+}
+
+
+class Converter(bert.Converter):
+    """Hugging Face JinaBertModel -> GGUF "jina-bert-v2", with llama.cpp's tensor names and keys
+    (BERT's, no position embedding: ALiBi); the vocabulary is BERT's WordPiece."""
+
+    arch = "jina-bert-v2"
+    global_names, layer_names = _GLOBAL, _LAYER
+    dropped = ("embeddings.position_ids", "pooler.", "cls.")
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.classifies = False
+        if config.get("position_embedding_type", "alibi") != "alibi":
+            raise EmberError(f"Jina BERT with {config['position_embedding_type']} positions is not supported "
+                             "(ember runs ALiBi)")
+        if config.get("feed_forward_type", "geglu") != "geglu":
+            raise EmberError(f"Jina BERT with a {config['feed_forward_type']} MLP is not supported (ember runs GEGLU)")
