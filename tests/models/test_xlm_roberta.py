@@ -10,8 +10,8 @@ Hugging Face repositories ship them), converted to F32 by `ember convert`.
   each within 1% of the scores' spread);
 - `ember convert` writes what llama.cpp's converter writes (tests/fixtures/llama_cpp_convert,
   recorded with the tokenizer keys by make_llama_cpp_convert_fixtures.py from CONVERTER_RECORDS:
-  the position embedding without its first pad_token_id + 1 rows, the "t5" vocabulary), ember's
-  rank pooling type aside; with EMBER_LLAMA_CPP naming a llama.cpp source tree, the file its
+  the position embedding without its first pad_token_id + 1 rows, the "t5" vocabulary, from
+  sentencepiece.bpe.model or, where the folder has none, tokenizer.json), ember's rank pooling type aside; with EMBER_LLAMA_CPP naming a llama.cpp source tree, the file its
   converter writes from the random checkpoints gives ember the same embeddings and scores.
 """
 
@@ -56,9 +56,10 @@ HEAD_STD = {"classifier.dense.weight": 0.1, "classifier.out_proj.weight": 1.0, "
             "attention.output.dense.weight": 0.5}
 
 
-def checkpoint(folder: Path, classifier: bool = False, weights: str = "random") -> Path:
+def checkpoint(folder: Path, classifier: bool = False, weights: str = "random", sentencepiece: bool = True) -> Path:
     """The tiny model (random weights as parity.randomize draws them, or converter_record's
-    pattern) and its tokenizer, saved in `folder`/hf."""
+    pattern) and its tokenizer, saved in `folder`/hf; without `sentencepiece`, only transformers'
+    tokenizer files (tokenizer.json, no sentencepiece.bpe.model)."""
     torch.manual_seed(0)
     config = transformers.XLMRobertaConfig(**CONFIG, **({"num_labels": 1} if classifier else {}))
     hf = (transformers.XLMRobertaForSequenceClassification(config) if classifier
@@ -77,14 +78,17 @@ def checkpoint(folder: Path, classifier: bool = False, weights: str = "random") 
     hf.save_pretrained(hf_dir, safe_serialization=True)
     shutil.copy(UNIGRAM_MODEL, hf_dir / "sentencepiece.bpe.model")
     transformers.XLMRobertaTokenizer.from_pretrained(hf_dir).save_pretrained(hf_dir)
+    if not sentencepiece:
+        (hf_dir / "sentencepiece.bpe.model").unlink()
     return hf_dir
 
 
 CONVERTER_RECORDS = {
     "xlm-roberta": lambda folder: checkpoint(folder, weights="patterned"),
     "xlm-roberta-classifier": lambda folder: checkpoint(folder, classifier=True, weights="patterned"),
+    "xlm-roberta-tokenizer-json": lambda folder: checkpoint(folder, weights="patterned", sentencepiece=False),
 }
-LEFT_OUT = {"xlm-roberta": (), "xlm-roberta-classifier": ("bert.pooling_type",)}  # ember's rank pooling
+LEFT_OUT = {"xlm-roberta-classifier": ("bert.pooling_type",)}  # ember's rank pooling
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +177,7 @@ def test_rerank_scores_equal_transformers_logits(reranker):
 @pytest.mark.parametrize("name", sorted(CONVERTER_RECORDS))
 def test_ember_convert_writes_what_llama_cpps_converter_writes(name, tmp_path):
     ours = tokenizer_record(CONVERTER_RECORDS[name](tmp_path), tmp_path / "ember.gguf")
-    assert_same_file(ours, load_record(name), left_out=LEFT_OUT[name])
+    assert_same_file(ours, load_record(name), left_out=LEFT_OUT.get(name, ()))
 
 
 @pytest.mark.skipif(LLAMA_CPP is None, reason="EMBER_LLAMA_CPP names no llama.cpp source tree")

@@ -14,7 +14,8 @@ Three sources, tried in the order llama.cpp tries them for the architecture:
   llama.cpp's converter gives the tokenizer by the hash of its ids for a fixed text.
 - sentencepiece.bpe.model (XLM-RoBERTa's Unigram model): model "t5", the pieces moved to the ids
   transformers gives them (<s> <pad> </s> <unk> first), the normalizer's precompiled charsmap,
-  dummy prefix and whitespace rule, as llama.cpp's XLMRobertaModel converter writes them.
+  dummy prefix and whitespace rule, as llama.cpp's XLMRobertaModel converter writes them; without
+  it, the Unigram model of tokenizer.json as that converter reads it through transformers.
 
 Special token ids, add_bos/add_eos and the chat template come from tokenizer_config.json,
 tokenizer.json and config.json (the rules of gguf-py's SpecialVocab). A folder with no tokenizer
@@ -265,8 +266,7 @@ def _xlm_roberta_vocab(path: Path, n_vocab: int | None, config: dict) -> dict[st
     count stays), the padding ids "[PAD<i>]" unused with score -10000."""
     model = path / "sentencepiece.bpe.model"
     if not model.is_file():
-        raise EmberError(f"{path} has no sentencepiece.bpe.model; ember converts XLM-RoBERTa's Unigram "
-                         "vocabulary from it")
+        return _unigram_json_vocab(path, n_vocab, config)
     pieces = read_sentencepiece_model(model)
     spec = read_sentencepiece_normalizer(model)
     if spec["model_type"] != 1:
@@ -292,6 +292,49 @@ def _xlm_roberta_vocab(path: Path, n_vocab: int | None, config: dict) -> dict[st
     }
     if spec["precompiled_charsmap"]:
         meta["tokenizer.ggml.precompiled_charsmap"] = np.frombuffer(spec["precompiled_charsmap"], np.uint8).copy()
+    return meta
+
+
+def _unigram_json_vocab(path: Path, n_vocab: int | None, config: dict) -> dict[str, Any]:
+    """llama.cpp's XLM-RoBERTa vocabulary from tokenizer.json: the Unigram model's pieces and scores
+    at their own ids, the unknown token UNKNOWN, transformers' special tokens CONTROL, other added
+    tokens USER_DEFINED; add_space_prefix and remove_extra_whitespaces from tokenizer_config.json's
+    add_prefix_space and clean_up_tokenization_spaces (as transformers >= 5 reads them for
+    XLMRobertaTokenizer: true and false when absent), the charsmap of the normalizer."""
+    import base64
+
+    file = path / "tokenizer.json"
+    tokenizer = read_json(file) if file.is_file() else {}
+    model = tokenizer.get("model") or {}
+    if model.get("type") != "Unigram":
+        raise EmberError(f"{path} has neither sentencepiece.bpe.model nor a Unigram tokenizer.json; ember converts "
+                         "XLM-RoBERTa's vocabulary from one of them")
+    tokenizer_config = _read_json_if(path / "tokenizer_config.json")
+    pieces = [(str(piece), float(score)) for piece, score in model.get("vocab") or []]
+    added = {t["content"]: t["id"] for t in tokenizer.get("added_tokens") or []}
+    unknown = added.get(_token_content(tokenizer_config.get("unk_token")), model.get("unk_id", 3))
+    special = {added.get(text) for text in _config_special_tokens(tokenizer_config)}
+    size = max(int(n_vocab or 0), len(pieces))
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    scores = np.full(size, -10000.0, np.float32)
+    types = np.full(size, TokenType.UNUSED, np.int32)
+    for token_id, (piece, score) in enumerate(pieces):
+        tokens[token_id], scores[token_id] = piece, score
+        types[token_id] = (TokenType.UNKNOWN if token_id == unknown else TokenType.CONTROL if token_id in special
+                           else TokenType.USER_DEFINED if token_id in added.values() else TokenType.NORMAL)
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.add_space_prefix": bool(tokenizer_config.get("add_prefix_space", True)),
+        "tokenizer.ggml.token_type_count": int(config.get("type_vocab_size", 1)),
+        "tokenizer.ggml.remove_extra_whitespaces": bool(tokenizer_config.get("clean_up_tokenization_spaces", False)),
+    }
+    charsmap = (tokenizer.get("normalizer") or {}).get("precompiled_charsmap")
+    if charsmap:
+        meta["tokenizer.ggml.precompiled_charsmap"] = np.frombuffer(base64.b64decode(charsmap), np.uint8).copy()
     return meta
 
 
