@@ -97,6 +97,11 @@ def test_eos_is_added_and_bos_only_where_the_file_says():
     assert tok.encode("") == [0, 2]  # XLM-RoBERTa's <s> ... </s>
 
 
+def test_a_charsmap_with_no_rules_changes_nothing():
+    tok = ugm_tokenizer({"a": -1.0, "\uff41": -1.0}, charsmap=struct.pack("<I", 0) + b"\0")
+    assert pieces_of(tok, "a\uff41") == ["a", "\uff41"]
+
+
 def test_a_malformed_charsmap_is_an_error():
     with pytest.raises(EmberError, match="precompiled_charsmap"):
         ugm_tokenizer({"a": -1.0}, charsmap=struct.pack("<I", 100) + b"\0" * 8)

@@ -54,7 +54,8 @@ class CharsMap:
         self._leaf = ((units >> 8) & 1).astype(bool).tolist()
         self._value = (units & ((1 << 31) - 1)).tolist()
         self._replacements = blob[4 + n_bytes:]
-        self._root = self._node(0, self._base)
+        self.empty = not self._base  # no XCDA: nothing is replaced (llama.cpp skips the match)
+        self._root = 0 if self.empty else self._node(0, self._base)
         self._texts: dict[int, bytes] = {}
 
     def ascii_kept(self) -> dict[int, frozenset[int]]:
@@ -111,7 +112,8 @@ class CharsMap:
 class UgmEncoder:
     def __init__(self, vocab: Vocab):
         self._special = SpecialTokens(vocab)
-        self._charsmap = CharsMap(vocab.precompiled_charsmap) if vocab.precompiled_charsmap else None
+        charsmap = CharsMap(vocab.precompiled_charsmap) if vocab.precompiled_charsmap else None
+        self._charsmap = charsmap if charsmap is not None and not charsmap.empty else None
         self._add_space_prefix = vocab.add_space_prefix
         self._merge_spaces = vocab.remove_extra_whitespaces
         self._unknown = vocab.special.get("unk")
