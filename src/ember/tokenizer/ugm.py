@@ -7,7 +7,8 @@ user-defined token is kept as it is; otherwise the longest prefix the precompile
 character is kept (a byte that starts none becomes U+FFFD). Then spaces: with
 remove_extra_whitespaces every run of non-space bytes gets one "▁" before it and the spaces are
 dropped; otherwise each space becomes "▁" and, with add_space_prefix, one more "▁" goes before
-the first non-space byte.
+the first non-space byte. (Spaces are always escaped and never a suffix: llama.cpp reads no key
+for SentencePiece's escape_whitespaces or treat_whitespace_as_suffix and holds them true and false.)
 
 The ids are those of the best segmentation of the normalized bytes (Viterbi): the one whose
 token scores (log probabilities; 0 for user-defined tokens) sum highest, summed in double
