@@ -204,6 +204,7 @@ class UgmEncoder:
         n = len(data)
         ids, longest, scores = self._ids, self._longest, self._scores
         unknown, unknown_score = self._unknown, self._unknown_score
+        utf8_len, short = _UTF8_LEN, _KEY_BYTES - 1
         # per end offset: (score sum, start offset, token id) of the best segmentation so far
         best_score = [-float("inf")] * (n + 1)
         best_start = [0] * (n + 1)
@@ -211,12 +212,16 @@ class UgmEncoder:
         best_score[0] = 0.0
         pos = 0
         while pos < n:
-            char_len = min(_UTF8_LEN[data[pos] >> 4], n - pos)
+            char_len = utf8_len[data[pos] >> 4]
+            if pos + char_len > n:
+                char_len = n - pos
             base = best_score[pos]
             whole_char = False
             # the tokens that start here, shortest first: up to _KEY_BYTES - 1 bytes, then up to
             # the longest that shares the next _KEY_BYTES bytes
-            last = min(n, pos + max(_KEY_BYTES - 1, longest.get(data[pos:pos + _KEY_BYTES], 0)))
+            last = pos + longest.get(data[pos:pos + _KEY_BYTES], short)
+            if last > n:
+                last = n
             for end in range(pos + 1, last + 1):
                 token = ids.get(data[pos:end])
                 if token is None:
