@@ -12,12 +12,17 @@ Hugging Face repositories ship them), converted to F32 by `ember convert`.
   recorded with the tokenizer keys by make_llama_cpp_convert_fixtures.py from CONVERTER_RECORDS:
   the position embedding without its first pad_token_id + 1 rows, the "t5" vocabulary, from
   sentencepiece.bpe.model or, where the folder has none, tokenizer.json), ember's rank pooling type aside; with EMBER_LLAMA_CPP naming a llama.cpp source tree, the file its
-  converter writes from the random checkpoints gives ember the same embeddings and scores.
+  converter writes from the random checkpoints gives ember the same embeddings and scores; with
+  EMBER_LLAMA_CPP_BIN naming a folder of llama.cpp's binaries, llama-tokenize and llama-embedding
+  give ember's ids and embeddings on the file `ember convert` writes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +218,21 @@ def test_llama_cpps_file_reranks_as_transformers(reranker, tmp_path):
     finally:
         theirs.close()
     assert_same_scores(np.array([s.score for s in found]), expected)
+
+
+LLAMA_CPP_BIN = os.environ.get("EMBER_LLAMA_CPP_BIN")  # a folder of llama.cpp's binaries (llama-embedding, ...)
+
+
+@pytest.mark.skipif(LLAMA_CPP_BIN is None, reason="EMBER_LLAMA_CPP_BIN names no folder of llama.cpp's binaries")
+def test_llama_cpp_runs_embers_file_to_the_same_ids_and_embeddings(encoder):
+    model, tokenizer, _, _ = encoder
+    ours = Embedder(model, tokenizer, pooling="cls").embed(TEXTS)
+    for text, embedding in zip(TEXTS, ours):
+        run = subprocess.run([f"{LLAMA_CPP_BIN}/llama-embedding", "-m", str(model.gguf.path), "-p", text,
+                              "--pooling", "cls", "--embd-normalize", "2", "--embd-output-format", "json", "-t", "1"],
+                             capture_output=True, text=True, timeout=120, check=True)
+        theirs = np.array(json.loads(run.stdout)["data"][0]["embedding"])
+        assert cosines(embedding.vector, theirs) >= MIN_COSINE, text
+        run = subprocess.run([f"{LLAMA_CPP_BIN}/llama-tokenize", "-m", str(model.gguf.path), "-p", text, "--ids",
+                              "--log-disable"], capture_output=True, text=True, timeout=120, check=True)
+        assert json.loads(run.stdout.strip().splitlines()[-1]) == tokenizer.encode(text), text
