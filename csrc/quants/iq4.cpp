@@ -9,6 +9,8 @@
 // onto the activations) or as unsigned bytes kValues[i] + 128 with the zero point 128 taken off
 // the integer sums (vpdpbusd); both give the same exact integer sums.
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "core/fp16.h"
 #include "core/kernels.h"
@@ -305,16 +307,29 @@ struct IQ4XSTile {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)), 1);
   }
+  // gemm_tile_k's copy of an activation block: in each 64 quants, elements 0-15, 32-47, 16-31,
+  // 48-63 (what the low and then the high nibbles of 32 packed bytes meet), and the bsums in the
+  // order whose pair sums are the sums of sub-blocks 0, 2, 4, 6, 1, 3, 5, 7.
+  static void line(const BY& src, Q8KLine& dst) {
+    for (int k = 0; k < 4; ++k)
+      for (int q = 0; q < 4; ++q) std::memcpy(dst.qs + 64 * k + 16 * q, src.qs + 64 * k + 16 * ((q % 2) * 2 + q / 2), 16);
+    for (int j = 0; j < 8; ++j) {
+      const int s = j < 4 ? 2 * j : 2 * (j - 4) + 1;
+      dst.bsums[2 * j] = src.bsums[2 * s];
+      dst.bsums[2 * j + 1] = src.bsums[2 * s + 1];
+    }
+  }
   // Super-block b's sums with C activation blocks. The 32 packed bytes of sub-blocks 2k and
   // 2k + 1 give, unshuffled, their low nibbles (elements 0..15 of each, one per 128-bit lane) and
-  // their high nibbles (elements 16..31), met by the matching activations; the integer dot
+  // their high nibbles (elements 16..31), met by the matching activations (in line's order, or
+  // gathered from a Q8_K block); the integer dot
   // products are reduced to one lane per sub-block (lanes: sub-blocks 0, 2, 4, 6, 1, 3, 5, 7) and
   // multiplied by the scales. With VNNI the unsigned values (value + 128) go through vpdpbusd and
   // 128 sum(qy) comes off each lane (from the bsums); without it the signed values, their sign
   // moved onto the activations (|value|, |qy| <= 127, so vpmaddubsw's byte-pair sums fit in
   // int16).
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
     constexpr bool kVnni =
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
         true;
@@ -331,19 +346,25 @@ struct IQ4XSTile {
       // The unsigned factors: the values themselves (VNNI), or their magnitudes.
       const __m256i lo_u = kVnni ? lo : _mm256_sign_epi8(lo, lo), hi_u = kVnni ? hi : _mm256_sign_epi8(hi, hi);
       for (int c = 0; c < C; ++c) {
-        __m256i y_lo = two_halves(y[c][b].qs + 64 * k), y_hi = two_halves(y[c][b].qs + 64 * k + 16);
+        __m256i y_lo, y_hi;
+        if constexpr (std::is_same_v<Y, Q8KLine>) {
+          y_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k));
+          y_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k + 32));
+        } else {
+          y_lo = two_halves(y[c][b].qs + 64 * k), y_hi = two_halves(y[c][b].qs + 64 * k + 16);
+        }
         if constexpr (!kVnni) y_lo = _mm256_sign_epi8(y_lo, lo), y_hi = _mm256_sign_epi8(y_hi, hi);
         pair[c][k] = dot_u8_i8_acc(dot_u8_i8_i32(lo_u, y_lo), hi_u, y_hi);
       }
     }
     const __m256i scales = scales_even_odd(x);
     for (int c = 0; c < C; ++c) {
-      __m256i per_sub_block = _mm256_hadd_epi32(_mm256_hadd_epi32(pair[c][0], pair[c][1]),
-                                                _mm256_hadd_epi32(pair[c][2], pair[c][3]));
+      __m256i per_sub_block = pair_sums_64(pair_sums_32(pair[c][0], pair[c][1]), pair_sums_32(pair[c][2], pair[c][3]));
       if constexpr (kVnni) {
         const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-        const __m256i y_sums = _mm256_permutevar8x32_epi32(_mm256_madd_epi16(bsums, _mm256_set1_epi16(1)),
-                                                           _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        __m256i y_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        if constexpr (!std::is_same_v<Y, Q8KLine>)
+          y_sums = _mm256_permutevar8x32_epi32(y_sums, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
         per_sub_block = _mm256_sub_epi32(per_sub_block, _mm256_slli_epi32(y_sums, 7));
       }
       sumi[c] = _mm256_mullo_epi32(per_sub_block, scales);

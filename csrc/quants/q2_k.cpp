@@ -49,8 +49,8 @@ struct Q2KTile {
   }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
     const __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));

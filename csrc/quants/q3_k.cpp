@@ -89,8 +89,8 @@ struct Q3KTile {
   }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX&) { return 0.0f; }
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i*) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sum[C], __m256i*) {
     const PackedScales packed = unpack_scales(x.scales);
     const __m128i biased = _mm_setr_epi32(packed.words[0], packed.words[1], packed.words[2], packed.words[3]);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));

@@ -77,8 +77,8 @@ struct Q4KTile {
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
 
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i min_sums[C]) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i min_sums[C]) {
     // Words scales 0-3, mins 0-3 | scales 4-7, mins 4-7, then each duplicated into a 32-bit pair.
     const ScalesMins sm = unpack_scales_mins(x.scales);
     const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(static_cast<long long>(sm.second), static_cast<long long>(sm.first)));

@@ -60,8 +60,8 @@ struct Q5KTile {
   static void scales(const BX& x, int32_t sc[16], int32_t mn[16]) { scales_and_mins_32(x.scales, sc, mn); }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX& x) { return fp16_to_fp32(x.dmin); }
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sum[C], __m256i min_sums[C]) {
     const ScalesMins sm = unpack_scales_mins(x.scales);
     // Scales and mins as int16: the 8 scales in both 128-bit halves, each min twice (against the
     // two 16-value bsums of its sub-block).

@@ -75,8 +75,8 @@ struct Q6KTile {
   }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX&) { return 0.0f; }
-  template <int C>
-  static void sums(const BX& x, const BY* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
     for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
     __m256i q[8];

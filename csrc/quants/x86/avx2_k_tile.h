@@ -3,9 +3,11 @@
 // activation blocks. A type plugs in through a Traits struct:
 //   BX, BY          weight and activation (Q8_K) block types
 //   kMins           whether the type has mins (value = d scale q - dmin min)
-//   sums<C>(const BX&, const BY* const y[C], b, __m256i sum[C], __m256i mins[C])
-//                   super-block b's integer sums with each y, as 8 int32 lanes whose totals are
-//                   scaled_b and mins_b below (mins untouched without kMins)
+//   sums<C, Y>(const BX&, const Y* const y[C], b, __m256i sum[C], __m256i mins[C])
+//                   super-block b's integer sums with each y (Y: block_q8_K, or the Q8KLine copy
+//                   below), as 8 int32 lanes whose totals are scaled_b and mins_b below (mins
+//                   untouched without kMins)
+//   line(const block_q8_K&, Q8KLine&)   optional: the type's own layout of the Q8KLine copy
 // (and for the kernels with tokens in lanes and dequantize_row_k, avx512_k_panel.h's members).
 //
 // Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
@@ -16,7 +18,8 @@
 //   S[b % 8] = fma(float(scaled_b), dy_b d_b, S[b % 8]),  M[b % 8] = fma(float(mins_b), dy_b dmin_b, M[b % 8])
 // and the result is D = S - M (lane by lane) summed as ((D0 + D4) + (D2 + D6)) + ((D1 + D5) + (D3 + D7))
 // (hsum_f32_8's order). One row's decode kernel (k_tile_cols) keeps the 8 partials in the lanes
-// of a vector and reduces 8 super-blocks' integer lanes at once; the prompt kernels with tokens
+// of a vector and reduces 8 super-blocks' integer lanes at once (by unpacks and adds: vphaddd
+// costs two shuffles and an add); the prompt kernels with tokens
 // in lanes (avx512_k_panel.h) keep them in memory. So a token gets the same bits alone, in a batch or in
 // a prompt.
 #pragma once
@@ -25,6 +28,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/types.h"
 #include "quants/x86/avx2_simd.h"
@@ -32,10 +37,45 @@
 
 namespace ember {
 
+// The floats f(0) .. f(n - 1), n < 8, as 8 lanes (the rest 0).
+template <typename F>
+inline __m256 tail_scales(F&& f, int n) {
+  alignas(32) float v[8] = {};
+  for (int i = 0; i < n; ++i) v[i] = f(i);
+  return _mm256_load_ps(v);
+}
+
+// A Q8_K block's quants and bsums, 32-byte aligned, so that no 32-byte load of them splits a cache
+// line (in a row of block_q8_K, 292 bytes apart, every other one does). gemm_tile_k copies the
+// activation rows into these, with the blocks' scales in an array of their own, once per call.
+struct alignas(32) Q8KLine {
+  int8_t qs[QK_K];
+  int16_t bsums[QK_K / 16];
+};
+
+// The C activation rows of a decode kernel: Q8_K blocks (Y = block_q8_K) or Q8KLine blocks
+// with their scales at d[c][b].
+template <int C, typename Y>
+struct KActivations {
+  const Y* y[C];
+  const float* d[C];
+  // Block b0 + i's scale in lane i, i < n <= 8 (the rest 0).
+  __m256 scales8(int c, int64_t b0, int n) const {
+    if constexpr (std::is_same_v<Y, Q8KLine>) {
+      if (n == 8) return _mm256_loadu_ps(d[c] + b0);
+      return tail_scales([&](int i) { return d[c][b0 + i]; }, n);
+    } else {
+      // Lane by lane (a store-and-reload of the 8 floats would stall on store forwarding).
+      const Y* yb = y[c] + b0;
+      if (n == 8) return _mm256_setr_ps(yb[0].d, yb[1].d, yb[2].d, yb[3].d, yb[4].d, yb[5].d, yb[6].d, yb[7].d);
+      return tail_scales([&](int i) { return yb[i].d; }, n);
+    }
+  }
+};
+
 // sum[c] += maddubs(q, the 32 activations at `offset` in block b of y[c]) * scale (int16 pairs).
-template <int C>
-inline void add_scaled_dots(__m256i sum[C], __m256i q, __m256i scale, const block_q8_K* const y[C], int64_t b,
-                            int offset) {
+template <int C, typename Y>
+inline void add_scaled_dots(__m256i sum[C], __m256i q, __m256i scale, const Y* const y[C], int64_t b, int offset) {
   for (int c = 0; c < C; ++c) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + offset));
     sum[c] = madd_acc_i16(sum[c], _mm256_maddubs_epi16(q, qy), scale);
@@ -48,55 +88,63 @@ inline V combine_partials(const V d[8]) {
   return ((d[0] + d[4]) + (d[2] + d[6])) + ((d[1] + d[5]) + (d[3] + d[7]));
 }
 
-// The floats f(0) .. f(n - 1), n < 8, as 8 lanes (the rest 0).
-template <typename F>
-inline __m256 tail_scales(F&& f, int n) {
-  alignas(32) float v[8] = {};
-  for (int i = 0; i < n; ++i) v[i] = f(i);
-  return _mm256_load_ps(v);
-}
-
-// 1 weight row x C tokens: the integer lanes of 8 super-blocks at a time reduced together
-// (lane i: super-block b0 + i), then one FMA per token for the 8.
-template <typename T, int C>
-inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, const uint8_t* y,
-                        size_t y_stride) {
-  const typename T::BX* xb = reinterpret_cast<const typename T::BX*>(x);
-  const typename T::BY* yc[C];
-  __m256 S[C], M[C];
-  for (int c = 0; c < C; ++c) {
-    yc[c] = reinterpret_cast<const typename T::BY*>(y + c * y_stride);
-    S[c] = M[c] = _mm256_setzero_ps();
-  }
-  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-    const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
-    // Pairs of super-blocks' lanes added pairwise as they come (the first step of sum_lanes_8x8),
-    // so that 4 vectors per token stay live instead of 8.
-    __m256i sum[C][4], mins[C][4];
-    for (int i = 0; i < 8; i += 2) {
+// The integer sums of super-blocks b0 .. b0 + n - 1 (n <= 8; kFull: n = 8) for C tokens, lane i of
+// sum[c] (mins[c]) holding super-block b0 + i's scaled_b (mins_b), reduced across lanes as the
+// blocks come, pair by pair (pair_sums_32, _64, _128), so that few vectors stay live.
+template <typename T, bool kFull, int C, typename Y>
+inline void k_group_sums(const typename T::BX* xb, const Y* const y[C], int64_t b0, int n, __m256i sum[C],
+                         __m256i mins[C]) {
+  __m256i s4[2][C], m4[2][C];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256i s2[2][C], m2[2][C];
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; ++p) {
       __m256i s[2][C], m[2][C];
+#pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
-        if (i + k < n) {
-          T::template sums<C>(xb[b0 + i + k], yc, b0 + i + k, s[k], m[k]);
+        const int i = 4 * h + 2 * p + k;
+        if (kFull || i < n) {
+          T::template sums<C>(xb[b0 + i], y, b0 + i, s[k], m[k]);
         } else {
           for (int c = 0; c < C; ++c) s[k][c] = m[k][c] = _mm256_setzero_si256();
         }
       }
       for (int c = 0; c < C; ++c) {
-        sum[c][i / 2] = _mm256_hadd_epi32(s[0][c], s[1][c]);
-        if constexpr (T::kMins) mins[c][i / 2] = _mm256_hadd_epi32(m[0][c], m[1][c]);
+        s2[p][c] = pair_sums_32(s[0][c], s[1][c]);
+        if constexpr (T::kMins) m2[p][c] = pair_sums_32(m[0][c], m[1][c]);
       }
     }
+    for (int c = 0; c < C; ++c) {
+      s4[h][c] = pair_sums_64(s2[0][c], s2[1][c]);
+      if constexpr (T::kMins) m4[h][c] = pair_sums_64(m2[0][c], m2[1][c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    sum[c] = pair_sums_128(s4[0][c], s4[1][c]);
+    if constexpr (T::kMins) mins[c] = pair_sums_128(m4[0][c], m4[1][c]);
+  }
+}
+
+// 1 weight row x C tokens: the integer sums of 8 super-blocks at a time in the lanes of a vector
+// (lane i: super-block b0 + i), then one FMA per token for the 8.
+template <typename T, int C, typename Y>
+inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, const KActivations<C, Y>& a) {
+  const typename T::BX* xb = reinterpret_cast<const typename T::BX*>(x);
+  __m256 S[C], M[C];
+  for (int c = 0; c < C; ++c) S[c] = M[c] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
+    __m256i sum[C], mins[C];
+    if (n == 8) k_group_sums<T, true, C>(xb, a.y, b0, 8, sum, mins);
+    else k_group_sums<T, false, C>(xb, a.y, b0, n, sum, mins);
     const __m256 d = f16x8([&](int i) { return xb[b0 + i].d; }, n);
     __m256 dmin = _mm256_setzero_ps();
     if constexpr (T::kMins) dmin = f16x8([&](int i) { return xb[b0 + i].dmin; }, n);
     for (int c = 0; c < C; ++c) {
-      // Lane by lane (a store-and-reload of the 8 floats would stall on store forwarding).
-      const auto* yb = yc[c] + b0;
-      const __m256 vdy = n == 8 ? _mm256_setr_ps(yb[0].d, yb[1].d, yb[2].d, yb[3].d, yb[4].d, yb[5].d, yb[6].d, yb[7].d)
-                                : tail_scales([&](int i) { return yb[i].d; }, n);
-      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes_4x8(sum[c])), _mm256_mul_ps(vdy, d), S[c]);
-      if constexpr (T::kMins) M[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes_4x8(mins[c])), _mm256_mul_ps(vdy, dmin), M[c]);
+      const __m256 vdy = a.scales8(c, b0, n);
+      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(vdy, d), S[c]);
+      if constexpr (T::kMins) M[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[c]), _mm256_mul_ps(vdy, dmin), M[c]);
     }
   }
   for (int c = 0; c < C; ++c) {
@@ -106,23 +154,68 @@ inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t
   }
 }
 
+// Rows x tokens, one row at a time, through k_tile_cols with the tokens in groups of 4, then 1.
+template <typename T, typename Y>
+inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, const Y* y,
+                        size_t y_stride, const float* d, size_t d_stride, int n_rows, int n_cols) {
+  for (int r = 0; r < n_rows; ++r) {
+    const uint8_t* row = x + r * x_stride;
+    for_each_group<4, 1>(n_cols, [&](auto cols, int c0) {
+      constexpr int C = decltype(cols)::value;
+      KActivations<C, Y> a;
+      for (int c = 0; c < C; ++c) {
+        a.y[c] = reinterpret_cast<const Y*>(reinterpret_cast<const uint8_t*>(y) + (c0 + c) * y_stride);
+        a.d[c] = d ? d + (c0 + c) * d_stride : nullptr;
+      }
+      k_tile_cols<T, C>(nb, out + c0 * out_stride + r, out_stride, row, a);
+    });
+  }
+}
+
+// Whether a type's Traits lay out the Q8KLine copy themselves (static void line(const block_q8_K&,
+// Q8KLine&): the quants and bsums in an order of their own), rather than as the Q8_K block has them.
+template <typename T, typename = void>
+struct HasLineOrder : std::false_type {};
+template <typename T>
+struct HasLineOrder<T, std::void_t<decltype(&T::line)>> : std::true_type {};
+
+// The activation rows copied into Q8KLine blocks when they fit this many bytes (on the stack).
+constexpr size_t kLineBufferBytes = 64 * 1024;
+
 template <typename T>
 void gemm_tile_k(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                  size_t y_stride, int n_rows, int n_cols) {
   const int64_t nb = n / QK_K;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
-  for (int r = 0; r < n_rows; ++r) {
-    const uint8_t* row = x + r * x_stride;
-    for_each_group<4, 1>(n_cols, [&](auto cols, int c) {
-      k_tile_cols<T, decltype(cols)::value>(nb, out + c * out_stride + r, out_stride, row, y + c * y_stride, y_stride);
-    });
+  if (static_cast<size_t>(n_cols * nb) * (sizeof(Q8KLine) + sizeof(float)) > kLineBufferBytes) {
+    return k_tile_rows<T>(nb, out, out_stride, x, x_stride, reinterpret_cast<const block_q8_K*>(y), y_stride,
+                          nullptr, 0, n_rows, n_cols);
   }
+  alignas(64) uint8_t buffer[kLineBufferBytes];
+  Q8KLine* lines = reinterpret_cast<Q8KLine*>(buffer);
+  float* d = reinterpret_cast<float*>(buffer + n_cols * nb * sizeof(Q8KLine));
+  for (int c = 0; c < n_cols; ++c) {
+    const block_q8_K* row = reinterpret_cast<const block_q8_K*>(y + c * y_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      if constexpr (HasLineOrder<T>::value) {
+        T::line(row[b], lines[c * nb + b]);
+      } else {
+        std::memcpy(lines[c * nb + b].qs, row[b].qs, sizeof(row[b].qs));
+        std::memcpy(lines[c * nb + b].bsums, row[b].bsums, sizeof(row[b].bsums));
+      }
+      d[c * nb + b] = row[b].d;
+    }
+  }
+  k_tile_rows<T>(nb, out, out_stride, x, x_stride, lines, nb * sizeof(Q8KLine), d, nb, n_rows, n_cols);
 }
 
 template <typename T>
 void vec_dot_k_tile(int64_t n, float* out, const void* vx, const void* vy) {
-  k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), static_cast<const uint8_t*>(vy), 0);
+  KActivations<1, block_q8_K> a;
+  a.y[0] = static_cast<const block_q8_K*>(vy);
+  a.d[0] = nullptr;
+  k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), a);
 }
 
 // Dequantization through the unpacking the kernels use (avx512_k_panel.h's quants, scales, d, dmin,

@@ -23,18 +23,26 @@ inline int hsum_i32_8(__m256i x) {
   return _mm_cvtsi128_si32(s);
 }
 
-// sum_lanes_8x8 after its first step: h[i] = hadd(p[2i], p[2i + 1]).
-inline __m256i sum_lanes_4x8(const __m256i h[4]) {
-  const __m256i h0123 = _mm256_hadd_epi32(h[0], h[1]), h4567 = _mm256_hadd_epi32(h[2], h[3]);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+// Steps of a sum across lanes of 8 vectors that moves no lane across more than the shuffles
+// need (vphaddd costs two shuffles and an add): pairs of 32-bit lanes, then of 64-bit lanes, then
+// of 128-bit halves.
+// a, b -> per 128-bit lane [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
+inline __m256i pair_sums_32(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+// Two pair_sums_32 results (of a, b and c, d) -> per 128-bit lane the sums of a, b, c, d.
+inline __m256i pair_sums_64(__m256i ab, __m256i cd) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
+// Two pair_sums_64 results (of a-d and e-h) -> the 8 totals of a .. h.
+inline __m256i pair_sums_128(__m256i abcd, __m256i efgh) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(abcd, efgh, 0x20), _mm256_permute2x128_si256(abcd, efgh, 0x31));
 }
 
 // The 8 lanes of each of 8 vectors summed: lane r of the result is the sum of p[r].
 inline __m256i sum_lanes_8x8(const __m256i p[8]) {
-  const __m256i h[4] = {_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]), _mm256_hadd_epi32(p[4], p[5]),
-                        _mm256_hadd_epi32(p[6], p[7])};
-  return sum_lanes_4x8(h);
+  return pair_sums_128(pair_sums_64(pair_sums_32(p[0], p[1]), pair_sums_32(p[2], p[3])),
+                       pair_sums_64(pair_sums_32(p[4], p[5]), pair_sums_32(p[6], p[7])));
 }
 
 // Sums of 4 adjacent products of unsigned bytes ax and signed bytes sy, as 8 int32 lanes.
