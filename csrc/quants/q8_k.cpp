@@ -2,8 +2,10 @@
 // q = round(x / d) with d = max|x| / 127 taken with the sign of the extreme value (ggml's
 // quantize_row_q8_K_ref, so -128 is reachable), and bsums[i] = sum of q[16 i .. 16 i + 15].
 #include <cmath>
+#include <cstdint>
 
 #include "core/kernels.h"
+#include "quants/x86/avx2_simd.h"
 #include "quants/x86/avx512_k_panel.h"
 
 namespace ember {
@@ -38,6 +40,62 @@ void quantize_row_q8_k(const float* src, void* dst, int64_t n) {
   }
 }
 
+#if defined(__AVX2__)
+// quantize_row_q8_k in vectors, with the same results: the largest magnitude by vmaxps (which
+// passes over NaNs as the scalar comparison does), the first element of that magnitude for the
+// sign of d, the same float products, rounded by vcvtps2dq (to nearest even, as nearbyint), and
+// each value's low byte kept (the scalar int -> int8_t conversion).
+void quantize_row_q8_k_avx2(const float* src, void* dst, int64_t n) {
+  block_q8_K* y = static_cast<block_q8_K*>(dst);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) amax8 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), magnitude), amax8);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    if (amax == 0.0f) {
+      y[b] = block_q8_K{};
+      continue;
+    }
+    float max = amax;
+    const __m256 target = _mm256_set1_ps(amax);
+    for (int j = 0; j < QK_K; j += 8) {
+      const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(x + j), magnitude);
+      const int hits = _mm256_movemask_ps(_mm256_cmp_ps(ax, target, _CMP_EQ_OQ));
+      if (hits) {
+        max = x[j + __builtin_ctz(static_cast<unsigned>(hits))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 vscale = _mm256_set1_ps(iscale);
+    const __m256i top = _mm256_set1_epi32(127), low_byte = _mm256_set1_epi32(0xFF);
+    for (int j = 0; j < QK_K; j += 32) {
+      __m256i v[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(vscale, _mm256_loadu_ps(x + j + 8 * i)));
+        v[i] = _mm256_and_si256(_mm256_min_epi32(r, top), low_byte);
+      }
+      // Bytes in lane order a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7, then in element order.
+      const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+      const __m256i q = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + j), q);
+      // Sums of 8 bytes (as q + 128, by vpsadbw), paired into the sums of 16.
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))),
+                                          _mm256_setzero_si256());
+      alignas(32) int64_t eights[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(eights), sad);
+      y[b].bsums[j / 16] = static_cast<int16_t>(eights[0] + eights[1] - 2048);
+      y[b].bsums[j / 16 + 1] = static_cast<int16_t>(eights[2] + eights[3] - 2048);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+#endif
+
 void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
   const block_q8_K* x = static_cast<const block_q8_K*>(src);
   for (int64_t b = 0; b < n / QK_K; ++b)
@@ -48,6 +106,9 @@ void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
 
 void register_q8_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q8_K)] = {GGMLType::Q8_K, dequantize_row_q8_k, quantize_row_q8_k, nullptr};
+#if defined(__AVX2__)
+  t.types[static_cast<int>(GGMLType::Q8_K)].quantize_row = quantize_row_q8_k_avx2;
+#endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q8_K)].pack_panel = pack_panel_k;
 #endif

@@ -133,6 +133,33 @@ def test_q8_k_quantizer(isa):
         np.testing.assert_allclose(raw[b, 0:4].copy().view(np.float32)[0], 1 / np.float32(iscale), rtol=1e-7)
 
 
+def test_q8_k_quantizer_matches_the_scalar_one_at_its_edges(isa):
+    """The SIMD Q8_K quantizer against the scalar table's: values that scale onto halves and next
+    to them (rounded to even), equal magnitudes of both signs (the first one gives d its sign), the
+    extreme as the last element, an all-zero block, one tiny value, -0.0, and a block of random
+    values."""
+    edges = rounding_edges()
+    edges = np.concatenate([edges, np.zeros(-edges.size % 256, np.float32)])
+    tie = np.zeros(256, np.float32)
+    tie[[7, 100, 200]] = [-3.0, 3.0, -3.0]
+    last = np.random.default_rng(5).uniform(-1, 1, 256).astype(np.float32)
+    last[255] = 2.5
+    signed_zero = np.full(256, -0.0, np.float32)
+    signed_zero[31] = 1e-3
+    rand = np.random.default_rng(6).standard_normal(256).astype(np.float32) * 40
+    x = np.concatenate([edges, tie, last, np.zeros(256, np.float32), signed_zero, rand])
+    got = _core.quantize_row(int(GGMLType.Q8_K), x)
+    previous = _core.isa()
+    _core.set_isa("scalar")
+    try:
+        expected = _core.quantize_row(int(GGMLType.Q8_K), x)
+    finally:
+        _core.set_isa(previous)
+    assert np.array_equal(got, expected)
+    tie_block = got.reshape(-1, 292)[edges.size // 256]
+    assert tie_block[0:4].copy().view(np.float32)[0] > 0  # d = -3 / -127: the first extreme is -3
+
+
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
 @pytest.mark.parametrize("n", [256, 768, 4096])
 def test_vec_dot_matches_dequantized_dot(isa, t, n):
