@@ -9,14 +9,16 @@
 // 2^(-b (2 (h - n) + 1) / (2 n)). Grouped-query attention maps query head h to KV
 // head h / (n_head / n_kv_head) by index; nothing is copied.
 //
-// Phase 2 is tiled as flash attention is (Dao et al. 2022): the cached rows of one KV head are
-// converted to F32 kAttnBlock positions at a time and every query row that reads them is
-// updated with an online softmax (running max m and sum l; a block with max m' rescales the
-// output and l by exp(m - m')), so no score row longer than a block exists. A prompt's tokens
-// of one sequence form tiles of up to kAttnLanes (token, head) rows on one KV head, so each
-// block of keys and values is read and converted once for the whole tile; a lone token (decode)
-// is a tile of its heads, and when it is the whole batch the threads split its positions and
-// combine their partial softmaxes.
+// Phase 2 is tiled as flash attention is (Dao et al. 2022): the cached rows are taken
+// kAttnBlock positions at a time and every query row that reads them is updated with an online
+// softmax (running max m and sum l; a block with max m' rescales the output and l by
+// exp(m - m')), so no score row longer than a block exists. A prompt's tokens of one sequence
+// form tiles of up to kAttnLanes (token, head) rows on one KV head, and each block of keys and
+// values is converted to F32 once for the whole tile. A lone token (decode) is a tile of its
+// heads on all KV heads, so that each position's cache row is read whole and in order; its few
+// rows per KV head read the F16, Q8_0 or F32 elements in place, converted in registers inside
+// the dot products and the weighted sum of values. When the token is the whole batch the
+// threads split its positions and combine their partial softmaxes.
 //
 // Multi-head latent attention (DeepSeek-V2/V3) caches per token only the compressed latent c
 // (kv_lora_rank) and the rotary key k_pe, one row shared by all heads, and computes in the
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "core/fp16.h"
@@ -323,13 +326,57 @@ template <int H>
   if constexpr (H > 1) reduce_rounds<H / 2>(a);
 }
 
-// Lane i: dot(q, key i) over d elements (a multiple of kW), the keys d floats apart.
-[[gnu::always_inline]] inline fvec key_dots(const float* q, const float* keys, int64_t d) {
+// Elements c .. c + kW - 1 of a cached row of type T (F32, F16 or Q8_0; c a multiple of kW) as
+// floats: the values row_to_f32 writes, converted in registers.
+template <GGMLType T>
+[[gnu::always_inline]] inline fvec cached_elems(const uint8_t* row, int64_t c) {
+  fvec v;
+  if constexpr (T == GGMLType::F16) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(row) + c;
+#if defined(__AVX512F__)
+    v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+#elif defined(__AVX2__)
+    v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+#else
+    for (int i = 0; i < kW; ++i) v[i] = fp16_to_fp32(h[i]);
+#endif
+  } else if constexpr (T == GGMLType::Q8_0) {
+    static_assert(QK8_0 % kW == 0, "a vector of elements lies in one block");
+    const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[c / QK8_0];
+    const int8_t* qs = b.qs + c % QK8_0;
+#if defined(__AVX512F__)
+    v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))));
+#elif defined(__AVX2__)
+    v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs))));
+#else
+    for (int i = 0; i < kW; ++i) v[i] = static_cast<float>(qs[i]);
+#endif
+    v = fp16_to_fp32(b.d) * v;
+  } else {
+    v = loadv(reinterpret_cast<const float*>(row) + c);
+  }
+  return v;
+}
+
+// f(std::integral_constant<GGMLType, T>) for the cache type t.
+template <typename F>
+inline void with_cache_type(GGMLType t, F&& f) {
+  switch (t) {
+    case GGMLType::F16: return f(std::integral_constant<GGMLType, GGMLType::F16>{});
+    case GGMLType::Q8_0: return f(std::integral_constant<GGMLType, GGMLType::Q8_0>{});
+    default: return f(std::integral_constant<GGMLType, GGMLType::F32>{});
+  }
+}
+
+// Lane i: dot(q, key i) over d elements (a multiple of kW), key i the row of type T at
+// keys + i * stride: the same products and sums whether the rows are F32 copies or the cache's own.
+template <GGMLType T>
+[[gnu::always_inline]] inline fvec key_dots(const float* q, const uint8_t* keys, size_t stride, int64_t d) {
   fvec acc[kW];
   for (int i = 0; i < kW; ++i) acc[i] = fvec{};
   for (int64_t c = 0; c < d; c += kW) {
     const fvec qc = loadv(q + c);
-    for (int i = 0; i < kW; ++i) acc[i] += qc * loadv(keys + i * d + c);
+    for (int i = 0; i < kW; ++i) acc[i] += qc * cached_elems<T>(keys + i * stride, c);
   }
   reduce_rounds<kW / 2>(acc);
   return acc[0];
@@ -337,35 +384,29 @@ template <int H>
 
 // One cached row of n elements (F32, F16 or Q8_0) as floats, inline: a block converts 64 rows.
 inline void row_to_f32(GGMLType type, const uint8_t* src, float* dst, int64_t n) {
-  if (type == GGMLType::F16) {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+  with_cache_type(type, [&](auto t) {
+    constexpr GGMLType T = decltype(t)::value;
     int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
-#elif defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-#endif
-    for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
-  } else if (type == GGMLType::Q8_0) {
-    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(src);
-    for (int64_t k = 0; k < n / QK8_0; ++k) {
-      const float d = fp16_to_fp32(b[k].d);
-      for (int j = 0; j < QK8_0; ++j) dst[k * QK8_0 + j] = d * static_cast<float>(b[k].qs[j]);
-    }
-  } else {
-    std::memcpy(dst, src, n * sizeof(float));
-  }
+    for (; i + kW <= n; i += kW) storev(dst + i, cached_elems<T>(src, i));
+    if constexpr (T == GGMLType::F16) {
+      for (; i < n; ++i) dst[i] = fp16_to_fp32(reinterpret_cast<const uint16_t*>(src)[i]);
+    } else if constexpr (T == GGMLType::F32) {
+      for (; i < n; ++i) dst[i] = reinterpret_cast<const float*>(src)[i];
+    }  // Q8_0 rows are whole blocks, whole vectors
+  });
 }
 
-// The cached rows of one KV head of one sequence, converted to F32 rows of n elements.
+// The cached rows of one KV head of one sequence: row j at base + j * stride, n elements of type.
 struct CachedHead {
   const uint8_t* base;  // position 0
   size_t stride;        // bytes from one position to the next
   GGMLType type;
   int64_t n;
-  // Positions j0 .. j0 + count - 1 into dst (rows padded_head_dim(n) apart; the padding is left
-  // as it is), prefetching the block after them.
+  const uint8_t* row(int64_t j) const { return base + j * stride; }
+  // KV head kvh of the sequence whose head 0 this is.
+  CachedHead head(int64_t kvh) const { return {base + row_bytes(type, kvh * n), stride, type, n}; }
+  // Positions j0 .. j0 + count - 1 as F32 rows into dst (padded_head_dim(n) apart; the padding
+  // is left as it is), prefetching the block after them.
   void load(int64_t j0, int64_t count, int64_t end, float* dst) const {
     const int64_t row = padded_head_dim(n);
     for (int64_t j = 0; j < count; ++j) {
@@ -375,13 +416,12 @@ struct CachedHead {
   }
 };
 
-CachedHead cached_head(const ExecContext& ctx, const KVCache& cache, bool values, int64_t seq, int64_t kvh,
-                       int64_t head_dim) {
+// KV head 0 of sequence seq's cached keys or values.
+CachedHead cached_rows(const KVCache& cache, bool values, int64_t seq, int64_t head_dim) {
   const GGMLType type = values ? cache.v_type : cache.k_type;
   const size_t stride = values ? cache.v_bytes : cache.k_bytes;
   const ZeroPages& rows = values ? cache.v : cache.k;
-  const uint8_t* base = rows.get() + seq * cache.n_ctx * stride + row_bytes(type, kvh * head_dim);
-  return {base, stride, type, head_dim};
+  return {rows.get() + seq * cache.n_ctx * stride, stride, type, head_dim};
 }
 
 // Per-thread scratch (AttentionWork): keys and values of a block, queries, scores (a row's
@@ -397,12 +437,13 @@ struct Scratch {
   float* total_sum() const { return stats + 4 * kAttnLanes; }
 };
 
-// Up to kAttnLanes query rows on one KV head of one sequence, each seeing positions
-// [first, last]; with ALiBi, each row's head slope and token position.
+// Up to kAttnLanes query rows of one sequence, each on KV head kvh and seeing positions
+// [first, last]; with ALiBi, each row's head slope and token position. Rows of one KV head are
+// consecutive.
 struct QueryRows {
   int64_t n = 0;
   const float* q[kAttnLanes];
-  int64_t first[kAttnLanes], last[kAttnLanes], pos[kAttnLanes];
+  int64_t kvh[kAttnLanes], first[kAttnLanes], last[kAttnLanes], pos[kAttnLanes];
   float slope[kAttnLanes];
 };
 
@@ -450,15 +491,17 @@ inline void softmax_block(float* s, int64_t groups, int64_t j0, int64_t first, i
   m = m_new;
 }
 
-// out[i][c0 ..] += sum over j < nb of w[i][j] v[j][c0 ..], for R rows and CV vectors of columns.
-template <int R, int CV>
-[[gnu::always_inline]] inline void weigh_values(float* out, const float* w, const float* v, int64_t d, int64_t c0, int64_t nb) {
+// out[i][c0 ..] += sum over j < nb of w[i][j] v[j][c0 ..], for R rows and CV vectors of columns;
+// value row j of type T at v + j * stride.
+template <int R, int CV, GGMLType T>
+[[gnu::always_inline]] inline void weigh_values(float* out, const float* w, const uint8_t* v, size_t stride, int64_t d,
+                                                int64_t c0, int64_t nb) {
   fvec acc[R][CV];
   for (int i = 0; i < R; ++i)
     for (int u = 0; u < CV; ++u) acc[i][u] = loadv(out + i * d + c0 + u * kW);
   for (int64_t j = 0; j < nb; ++j) {
     fvec vj[CV];
-    for (int u = 0; u < CV; ++u) vj[u] = loadv(v + j * d + c0 + u * kW);
+    for (int u = 0; u < CV; ++u) vj[u] = cached_elems<T>(v + j * stride, c0 + u * kW);
     for (int i = 0; i < R; ++i) {
       const float wij = w[i * kAttnBlock + j];
       for (int u = 0; u < CV; ++u) acc[i][u] += wij * vj[u];
@@ -470,51 +513,108 @@ template <int R, int CV>
 
 #if defined(__AVX512F__)
 constexpr int kValueVecs = 4;  // column vectors per pass of weigh_values (R rows x this in registers)
-#define EMBER_VALUE_ROWS 4, 2, 1
 #else
 constexpr int kValueVecs = 2;
-#define EMBER_VALUE_ROWS 2, 1
 #endif
 
 // The outputs of n rows (d apart, a multiple of kW; already rescaled) plus their weights times
-// the block's values.
-void add_weighted_values(float* out, const float* w, const float* v, int64_t n, int64_t d, int64_t nb) {
-  for_each_group<EMBER_VALUE_ROWS>(static_cast<int>(n), [&](auto rows, int r) {
+// the block's values, value row j of type T at v + j * stride. A decoding token's heads on one
+// KV head (up to 4) read each value row once.
+template <GGMLType T>
+void add_weighted_values(float* out, const float* w, const uint8_t* v, size_t stride, int64_t n, int64_t d,
+                         int64_t nb) {
+  for_each_group<4, 3, 2, 1>(static_cast<int>(n), [&](auto rows, int r) {
     constexpr int R = decltype(rows)::value;
     float* o = out + r * d;
     const float* wr = w + r * kAttnBlock;
     int64_t c0 = 0;
-    for (; c0 + kValueVecs * kW <= d; c0 += kValueVecs * kW) weigh_values<R, kValueVecs>(o, wr, v, d, c0, nb);
-    for (; c0 < d; c0 += kW) weigh_values<R, 1>(o, wr, v, d, c0, nb);
+    for (; c0 + kValueVecs * kW <= d; c0 += kValueVecs * kW) weigh_values<R, kValueVecs, T>(o, wr, v, stride, d, c0, nb);
+    for (; c0 < d; c0 += kW) weigh_values<R, 1, T>(o, wr, v, stride, d, c0, nb);
   });
 }
-#undef EMBER_VALUE_ROWS
+
+// Query rows of one KV head up to this many read the cache's rows in place (converting them in
+// registers for each row); more convert each block to F32 once and read the copy.
+constexpr int64_t kInPlaceRows = 8;
+constexpr int64_t kPrefetchBlocks = 1;  // in place: the cache rows this many blocks ahead are fetched
+
+// Prefetches bytes [from, to) of each of rows j0 .. j1 - 1.
+inline void prefetch_rows(const CachedHead& c, int64_t j0, int64_t j1, size_t from, size_t to) {
+  for (int64_t j = j0; j < j1; ++j)
+    for (size_t b = from & ~size_t{63}; b < to; b += 64) __builtin_prefetch(c.row(j) + b);
+}
 
 // The online softmax of the rows over the positions of one segment, [s0, s0 + kAttnSegment)
-// within [lo, hi], block by block: scores of kW keys at a time, the softmax step per row, the
-// outputs rescaled, the weighted values added. Leaves the unnormalised outputs in w.out, the
-// maxima and sums in w.max() and w.sum(). One copy of the code for every caller (noinline), so
-// a row's partial result is the same bits in a tile and in a split.
+// within [lo, hi], block by block and, within a block, KV head by KV head: scores of kW keys at
+// a time, the softmax step per row, the outputs rescaled, the weighted values added. Leaves the
+// unnormalised outputs in w.out, the maxima and sums in w.max() and w.sum(). keys and values are
+// KV head 0's. A row's arithmetic is the same whichever rows share the call and whether the
+// cache rows are read in place or from F32 copies (the conversion is exact), so a row's partial
+// result is the same bits in a tile and in a split.
 __attribute__((noinline)) void attend_segment(const QueryRows& rows, const CachedHead& keys, const CachedHead& values,
                                               float scale, float softcap, int64_t s0, int64_t lo, int64_t hi,
                                               const Scratch& w) {
   const int64_t d = padded_head_dim(keys.n);
   for (int64_t r = 0; r < rows.n; ++r) w.max()[r] = -INFINITY, w.sum()[r] = 0.0f;
   std::fill(w.out, w.out + rows.n * d, 0.0f);
+  // Runs of rows on one KV head; whether each reads the cache in place.
+  int64_t run_end[kAttnLanes + 1], n_runs = 0;
+  bool in_place[kAttnLanes];
+  for (int64_t r = 0; r < rows.n; ++n_runs) {
+    int64_t e = r + 1;
+    while (e < rows.n && rows.kvh[e] == rows.kvh[r]) ++e;
+    run_end[n_runs] = e;
+    in_place[n_runs] = keys.n == d && d % kW == 0 && e - r <= kInPlaceRows;
+    r = e;
+  }
+  // The bytes of a cache row the rows read, for prefetching.
+  const size_t k_from = row_bytes(keys.type, rows.kvh[0] * keys.n), k_to = row_bytes(keys.type, (rows.kvh[rows.n - 1] + 1) * keys.n);
+  const size_t v_from = row_bytes(values.type, rows.kvh[0] * values.n),
+               v_to = row_bytes(values.type, (rows.kvh[rows.n - 1] + 1) * values.n);
   const int64_t from = std::max(lo, s0), to = std::min(hi, s0 + kAttnSegment - 1);
   for (int64_t j0 = from / kAttnBlock * kAttnBlock; j0 <= to; j0 += kAttnBlock) {
     const int64_t nb = std::min(kAttnBlock, to + 1 - j0), groups = (nb + kW - 1) / kW;
-    keys.load(j0, nb, to + 1, w.keys);
-    std::fill(w.keys + nb * d, w.keys + groups * kW * d, 0.0f);
-    for (int64_t r = 0; r < rows.n; ++r) {
-      float* s = w.scores + r * kAttnBlock;
-      for (int64_t g = 0; g < groups; ++g) storev(s + g * kW, key_dots(w.queries + r * d, w.keys + g * kW * d, d));
-      softmax_block(s, groups, j0, rows.first[r], rows.last[r], scale, softcap, rows.slope[r], rows.pos[r],
-                    w.max()[r], w.sum()[r], w.rescale()[r]);
-      for (int64_t c = 0; c < d; ++c) w.out[r * d + c] *= w.rescale()[r];
+    if (in_place[0] && kPrefetchBlocks > 0) {
+      const int64_t p0 = j0 + kPrefetchBlocks * kAttnBlock, p1 = std::min(hi + 1, p0 + kAttnBlock);
+      prefetch_rows(keys, p0, p1, k_from, k_to);
+      prefetch_rows(values, p0, p1, v_from, v_to);
     }
-    values.load(j0, nb, to + 1, w.values);
-    add_weighted_values(w.out, w.scores, w.values, rows.n, d, nb);
+    for (int64_t run = 0, r0 = 0; run < n_runs; r0 = run_end[run++]) {
+      const int64_t r1 = run_end[run];
+      const CachedHead k = keys.head(rows.kvh[r0]), v = values.head(rows.kvh[r0]);
+      // Groups of kW keys read in place; the others (all, or a last partial one) from F32 copies.
+      const int64_t direct = in_place[run] ? nb / kW : 0;
+      if (direct < groups) {
+        k.load(j0 + direct * kW, nb - direct * kW, to + 1, w.keys + direct * kW * d);
+        std::fill(w.keys + nb * d, w.keys + groups * kW * d, 0.0f);
+      }
+      with_cache_type(k.type, [&](auto t) {
+        constexpr GGMLType T = decltype(t)::value;
+        for (int64_t r = r0; r < r1; ++r) {
+          float* s = w.scores + r * kAttnBlock;
+          const float* q = w.queries + r * d;
+          int64_t g = 0;
+          for (; g < direct; ++g) storev(s + g * kW, key_dots<T>(q, k.row(j0 + g * kW), k.stride, d));
+          for (; g < groups; ++g)
+            storev(s + g * kW, key_dots<GGMLType::F32>(q, reinterpret_cast<const uint8_t*>(w.keys + g * kW * d),
+                                                       d * sizeof(float), d));
+          softmax_block(s, groups, j0, rows.first[r], rows.last[r], scale, softcap, rows.slope[r], rows.pos[r],
+                        w.max()[r], w.sum()[r], w.rescale()[r]);
+          for (int64_t c = 0; c < d; ++c) w.out[r * d + c] *= w.rescale()[r];
+        }
+      });
+      float* out = w.out + r0 * d;
+      const float* weights = w.scores + r0 * kAttnBlock;
+      if (in_place[run]) {
+        with_cache_type(v.type, [&](auto t) {
+          add_weighted_values<decltype(t)::value>(out, weights, v.row(j0), v.stride, r1 - r0, d, nb);
+        });
+      } else {
+        v.load(j0, nb, to + 1, w.values);
+        add_weighted_values<GGMLType::F32>(out, weights, reinterpret_cast<const uint8_t*>(w.values), d * sizeof(float),
+                                           r1 - r0, d, nb);
+      }
+    }
   }
 }
 
@@ -554,18 +654,20 @@ int64_t first_visible(const AttentionParams& p, const ExecContext& ctx, int64_t 
   return p.window > 0 ? std::max<int64_t>(0, ctx.positions[t] - p.window + 1) : 0;
 }
 
-// A tile: tokens t0 .. t0 + n_tokens - 1 (one sequence) x their heads h0 .. h0 + n_heads - 1 of
-// KV head kvh, row r = (token r / n_heads, head r % n_heads), segment after segment.
+// A tile: tokens t0 .. t0 + n_tokens - 1 (one sequence) x query heads h0 .. h0 + n_heads - 1,
+// row r = (token r / n_heads, head h0 + r % n_heads), segment after segment. The heads of a
+// tile of several tokens are on one KV head.
 void attend_tile(const Node& n, const AttentionParams& a, ExecContext& ctx, const KVCache& cache, int64_t t0,
-                 int64_t n_tokens, int64_t kvh, int64_t h0, int64_t n_heads, const Scratch& w) {
+                 int64_t n_tokens, int64_t h0, int64_t n_heads, const Scratch& w) {
   const int64_t d = a.head_dim, dp = padded_head_dim(d), group = a.n_head / a.n_kv_head, seq = ctx.seq_ids[t0];
   const Tensor &q = src_tensor(ctx, n, 0), &out = out_tensor(ctx, n);
   QueryRows rows;
   rows.n = n_tokens * n_heads;
   int64_t lo = INT64_MAX, hi = -1;
   for (int64_t r = 0; r < rows.n; ++r) {
-    const int64_t t = t0 + r / n_heads, h = kvh * group + h0 + r % n_heads;
+    const int64_t t = t0 + r / n_heads, h = h0 + r % n_heads;
     rows.q[r] = operand_row(ctx, q, t) + h * d;
+    rows.kvh[r] = h / group;
     rows.first[r] = first_visible(a, ctx, t), rows.last[r] = last_visible(a, ctx, t), rows.pos[r] = ctx.positions[t];
     rows.slope[r] = a.alibi_max_bias > 0.0f ? alibi_slope(h, a.n_head, a.alibi_max_bias) : 0.0f;
     lo = std::min(lo, rows.first[r]), hi = std::max(hi, rows.last[r]);
@@ -573,15 +675,22 @@ void attend_tile(const Node& n, const AttentionParams& a, ExecContext& ctx, cons
   }
   prepare_rows(rows, d, w);
   std::fill(w.result, w.result + rows.n * dp, 0.0f);
-  const CachedHead keys = cached_head(ctx, cache, false, seq, kvh, d), values = cached_head(ctx, cache, true, seq, kvh, d);
+  const CachedHead keys = cached_rows(cache, false, seq, d), values = cached_rows(cache, true, seq, d);
   for (int64_t s0 = lo / kAttnSegment * kAttnSegment; s0 <= hi; s0 += kAttnSegment) {
     attend_segment(rows, keys, values, a.scale, a.softcap, s0, lo, hi, w);
     for (int64_t r = 0; r < rows.n; ++r)
       merge_partial(w.result + r * dp, w.total_max()[r], w.total_sum()[r], w.out + r * dp, w.max()[r], w.sum()[r], dp);
   }
   for (int64_t r = 0; r < rows.n; ++r)
-    store_output(row_f32(ctx, out, t0 + r / n_heads) + (kvh * group + h0 + r % n_heads) * d, w.result + r * dp,
+    store_output(row_f32(ctx, out, t0 + r / n_heads) + (h0 + r % n_heads) * d, w.result + r * dp,
                  w.total_sum()[r], d);
+}
+
+// KV heads whose query heads one pass over a lone token's cache rows takes (all of a position's
+// row is read at once, as the memory lies): as many as fit a tile.
+int64_t kv_heads_per_pass(const AttentionParams& a) {
+  const int64_t G = a.n_head / a.n_kv_head;
+  return std::max<int64_t>(1, std::min<int64_t>(a.n_kv_head, kAttnLanes / G));
 }
 
 // -- the op ---
@@ -597,34 +706,38 @@ void store_kv(const Node& n, ExecContext& ctx, KVCache& cache, int ith, int nth)
 }
 
 // A batch of one token with G <= kAttnLanes heads per KV head: the threads share out its
-// (KV head, segment) pairs, leave each head's partial output, max and sum per segment, then
-// merge some heads' segments in order, as a tile does.
+// (KV heads, segment) pairs, leave each head's partial output, max and sum per segment, then
+// merge some heads' segments in order, as a tile does. A pair takes kv_heads_per_pass KV heads
+// where there are segments enough to keep every thread busy, else one.
 void attend_split(const Node& n, const AttentionParams& a, ExecContext& ctx, const KVCache& cache,
                   const AttentionWork& work, const Scratch& w, int ith, int nth) {
   const int64_t d = a.head_dim, dp = padded_head_dim(d), G = a.n_head / a.n_kv_head;
   const int64_t stride = static_cast<int64_t>(work.partial_floats), seq = ctx.seq_ids[0];
   const int64_t first = first_visible(a, ctx, 0), last = last_visible(a, ctx, 0);
   const int64_t seg0 = first / kAttnSegment, n_segs = last / kAttnSegment - seg0 + 1;
+  const int64_t per_item = n_segs >= 4 * nth ? kv_heads_per_pass(a) : 1;
+  const int64_t kv_items = (a.n_kv_head + per_item - 1) / per_item;
   float* partials = reinterpret_cast<float*>(ctx.arena + n.work_offset + work.partials);
   auto partial = [&](int64_t h, int64_t seg) { return partials + (h * n_segs + seg) * stride; };
   const float* q = operand_row(ctx, src_tensor(ctx, n, 0), 0);
-  const Range items = split(a.n_kv_head * n_segs, ith, nth);
+  const CachedHead keys = cached_rows(cache, false, seq, d), values = cached_rows(cache, true, seq, d);
+  const Range items = split(kv_items * n_segs, ith, nth);
   for (int64_t item = items.begin; item < items.end; ++item) {
-    const int64_t kvh = item / n_segs, seg = item % n_segs;
+    const int64_t h0 = item / n_segs * per_item * G, seg = item % n_segs;
     QueryRows rows;
-    rows.n = G;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t h = kvh * G + g;
-      rows.q[g] = q + h * d, rows.first[g] = first, rows.last[g] = last, rows.pos[g] = ctx.positions[0];
-      rows.slope[g] = a.alibi_max_bias > 0.0f ? alibi_slope(h, a.n_head, a.alibi_max_bias) : 0.0f;
+    rows.n = std::min(per_item * G, a.n_head - h0);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      const int64_t h = h0 + r;
+      rows.q[r] = q + h * d, rows.kvh[r] = h / G, rows.first[r] = first, rows.last[r] = last;
+      rows.pos[r] = ctx.positions[0];
+      rows.slope[r] = a.alibi_max_bias > 0.0f ? alibi_slope(h, a.n_head, a.alibi_max_bias) : 0.0f;
     }
     prepare_rows(rows, d, w);
-    attend_segment(rows, cached_head(ctx, cache, false, seq, kvh, d), cached_head(ctx, cache, true, seq, kvh, d),
-                   a.scale, a.softcap, (seg0 + seg) * kAttnSegment, first, last, w);
-    for (int64_t g = 0; g < G; ++g) {
-      float* part = partial(kvh * G + g, seg);
-      std::copy(w.out + g * dp, w.out + (g + 1) * dp, part);
-      part[dp] = w.max()[g], part[dp + 1] = w.sum()[g];
+    attend_segment(rows, keys, values, a.scale, a.softcap, (seg0 + seg) * kAttnSegment, first, last, w);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      float* part = partial(h0 + r, seg);
+      std::copy(w.out + r * dp, w.out + (r + 1) * dp, part);
+      part[dp] = w.max()[r], part[dp + 1] = w.sum()[r];
     }
   }
   ctx.barrier();
@@ -656,16 +769,23 @@ void op_attention(const Node& n, ExecContext& ctx, int ith, int nth) {
   if (ctx.n_tokens == 1 && G <= kAttnLanes && nth > 1) return attend_split(n, a, ctx, cache, work, w, ith, nth);
 
   // Tasks in a fixed order, task i to thread i % nth: for each run of consecutive tokens of one
-  // sequence, each KV head's tiles of at most kAttnLanes (token, head) rows.
+  // sequence, each KV head's tiles of at most kAttnLanes (token, head) rows; a run of one token
+  // (a sequence decoding), tiles of kv_heads_per_pass KV heads.
   const int64_t n_heads = std::min<int64_t>(G, kAttnLanes), n_tok = kAttnLanes / n_heads;
+  const int64_t lone = G <= kAttnLanes ? kv_heads_per_pass(a) : 0;
   int64_t task = 0;
   for (int64_t t0 = 0, t1; t0 < ctx.n_tokens; t0 = t1) {
     for (t1 = t0 + 1; t1 < ctx.n_tokens && ctx.seq_ids[t1] == ctx.seq_ids[t0];) ++t1;
+    if (t1 - t0 == 1 && lone > 0) {
+      for (int64_t kvh = 0; kvh < a.n_kv_head; kvh += lone)
+        if (task++ % nth == ith) attend_tile(n, a, ctx, cache, t0, 1, kvh * G, std::min(lone, a.n_kv_head - kvh) * G, w);
+      continue;
+    }
     for (int64_t kvh = 0; kvh < a.n_kv_head; ++kvh)
       for (int64_t h0 = 0; h0 < G; h0 += n_heads)
         for (int64_t t = t0; t < t1; t += n_tok)
           if (task++ % nth == ith)
-            attend_tile(n, a, ctx, cache, t, std::min(n_tok, t1 - t), kvh, h0, std::min(n_heads, G - h0), w);
+            attend_tile(n, a, ctx, cache, t, std::min(n_tok, t1 - t), kvh * G + h0, std::min(n_heads, G - h0), w);
   }
 }
 

@@ -859,6 +859,60 @@ def test_q8_0_cache_is_not_the_f16_cache(isa):
     assert not np.allclose(out, f16(q, k, v, np.arange(40), np.zeros(40, int)), **attention_tolerance(v))
 
 
+@pytest.mark.parametrize("type_k, type_v, n_threads", [
+    (GGMLType.F16, GGMLType.F16, 1), (GGMLType.F16, GGMLType.F16, 2), (GGMLType.F16, GGMLType.F16, 3),
+    (GGMLType.F32, GGMLType.F32, 2), (GGMLType.Q8_0, GGMLType.Q8_0, 2), (GGMLType.F16, GGMLType.Q8_0, 1)],
+    ids=lambda x: x.name if isinstance(x, GGMLType) else f"t{x}")
+def test_decode_at_depth_over_each_cache_type(isa, type_k, type_v, n_threads):
+    """smollm2's heads (9 on 3 KV heads of 64 elements) decoding at a depth of 1100 positions
+    (17 blocks, 5 segments): each step within the reference's tolerance, and the same bits as the
+    token's row in one prompt of all the tokens (a token's result does not depend on the batch).
+    One thread takes a lone token's heads in one tile; two share its segments with all KV heads
+    per segment; three share (KV head, segment) pairs; the cache is read in place or from F32
+    copies of a block, whichever the shape picks."""
+    n_head, n_kv_head, head_dim, n_prompt, n_decode = 9, 3, 64, 1100, 3
+    n_total = n_prompt + n_decode
+    types = dict(type_k=type_k, type_v=type_v)
+    q, k, v = qkv(n_total, n_head, n_kv_head, head_dim, seed=17, scale=2.0)
+    core = CoreAttention(n_head, n_kv_head, head_dim, n_total, max_tokens=n_total, n_threads=n_threads, **types)
+    ref = ReferenceAttention(n_head, n_kv_head, head_dim, n_total, **types)
+    core(q[:n_prompt], k[:n_prompt], v[:n_prompt], np.arange(n_prompt), np.zeros(n_prompt, int))
+    ref.k[0, :n_prompt], ref.v[0, :n_prompt] = ref._stored(k[:n_prompt], type_k), ref._stored(v[:n_prompt], type_v)
+    steps = []
+    for p in range(n_prompt, n_total):
+        out, expected = both_run(core, ref, q[p:p + 1], k[p:p + 1], v[p:p + 1], [p])
+        assert_attention_close(out, expected, v)
+        steps.append(out)
+    one_pass = CoreAttention(n_head, n_kv_head, head_dim, n_total, max_tokens=n_total, n_threads=n_threads, **types)
+    np.testing.assert_array_equal(np.concatenate(steps),
+                                  one_pass(q, k, v, np.arange(n_total), np.zeros(n_total, int))[n_prompt:])
+
+
+def test_lone_tokens_of_several_sequences_at_depth(isa):
+    """A batch of single tokens of three sequences at depths 300, 700 and 40 (a lone token of a
+    sequence takes all its heads in one tile): each close to the reference, and each the same
+    bits as that token decoded alone."""
+    n_head, n_kv_head, head_dim = 8, 2, 64
+    depths = [300, 700, 40]
+    core = CoreAttention(n_head, n_kv_head, head_dim, 704, n_seq=3, max_tokens=704)
+    ref = ReferenceAttention(n_head, n_kv_head, head_dim, 704, n_seq=3)
+    alone = [CoreAttention(n_head, n_kv_head, head_dim, 704, max_tokens=704) for _ in depths]
+    q, k, v = qkv(sum(depths) + 3, n_head, n_kv_head, head_dim, seed=18)
+    start = 0
+    for seq, depth in enumerate(depths):
+        rows = slice(start, start + depth)
+        core(q[rows], k[rows], v[rows], np.arange(depth), np.full(depth, seq))
+        alone[seq](q[rows], k[rows], v[rows], np.arange(depth), np.zeros(depth, int))
+        ref.k[seq, :depth], ref.v[seq, :depth] = ref._stored(k[rows], ref.type_k), ref._stored(v[rows], ref.type_v)
+        start += depth
+    last = slice(start, start + 3)
+    out, expected = both_run(core, ref, q[last], k[last], v[last], depths, [0, 1, 2])
+    assert_attention_close(out, expected, v)
+    for seq, depth in enumerate(depths):
+        row = slice(start + seq, start + seq + 1)
+        np.testing.assert_array_equal(alone[seq](q[row], k[row], v[row], [depth], [0]), out[seq:seq + 1])
+
+
 @pytest.mark.parametrize("type_k, type_v, bytes_per_element", [
     (GGMLType.F16, GGMLType.F16, 2 + 2), (GGMLType.F32, GGMLType.F32, 4 + 4),
     (GGMLType.Q8_0, GGMLType.Q8_0, 34 / 32 * 2), (GGMLType.Q8_0, GGMLType.F16, 34 / 32 + 2)])
