@@ -2,14 +2,18 @@
 and on) and, optionally, beside another ember checkout (the attention before a change).
 
     python benchmarks/long_context.py [--model smollm2-135m] [-p 512] [-n 64] [-d 0,4096,8192]
-        [-t 2] [--rounds 2] [--cache-types f16,q8_0] [--fa 0,1] [--baseline SRC] [--json FILE]
+        [-t 2] [--rounds 2] [--cache-types f16,q8_0] [--fa 0,1] [--llama-cache-types f16,q8_0]
+        [--baseline SRC] [--json FILE]
 
-Every test starts from a context of d tokens (llama-bench's -d): `ember bench -d` fills it once
+llama.cpp runs with each --fa setting and an F16 cache, and with flash attention on and each
+other --llama-cache-types type for K and V (llama.cpp quantizes the V cache only with flash
+attention). Every test starts from a context of d tokens (llama-bench's -d): `ember bench -d` fills it once
 and forgets what each run appended; llama-bench refills it before each run (untimed either way).
 --baseline names the src/ folder of another ember checkout with its own built core; it runs the
 same method through ember.engine.runtime.Model (older trees have no `bench -d`), f16 cache.
 The engines run alternately, one run each per round, and every figure is the median of an
-engine's runs. Needs llama-bench in $LLAMA_CPP_BIN or on PATH.
+engine's runs; a second table gives each engine's decode time per token at each depth over
+its time at the first depth (the issue's measure for long contexts). Needs llama-bench in $LLAMA_CPP_BIN or on PATH.
 """
 
 from __future__ import annotations
@@ -61,8 +65,12 @@ def commands(path: str, args) -> dict[str, list[str]]:
     for cache in args.cache_types.split(","):
         out[f"ember {cache}"] = [*ember_command(), "bench", "-m", path, *common, "-d", args.depths, "-ctk", cache,
                                  "-ctv", cache]
+    llama = [llama_binary("llama-bench"), "-m", path, *common, "-d", args.depths]
     for fa in args.fa.split(","):
-        out[f"llama.cpp fa{fa}"] = [llama_binary("llama-bench"), "-m", path, *common, "-d", args.depths, "-fa", fa]
+        out[f"llama.cpp fa{fa}"] = [*llama, "-fa", fa]
+    for cache in args.llama_cache_types.split(","):
+        if cache and cache != "f16":
+            out[f"llama.cpp fa1 {cache}"] = [*llama, "-fa", "1", "-ctk", cache, "-ctv", cache]
     if args.baseline:
         out["ember before"] = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-c", BASELINE, path,
                                str(args.n_prompt), str(args.n_gen), str(args.threads), args.depths]
@@ -79,6 +87,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache-types", default="f16,q8_0")
     ap.add_argument("--fa", default="0,1")
+    ap.add_argument("--llama-cache-types", default="f16,q8_0")
     ap.add_argument("--baseline", default=None, metavar="SRC")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
@@ -104,6 +113,8 @@ def main() -> int:
                 with open(args.json, "w") as fh:
                     json.dump({"|".join(map(str, k)): v for k, v in samples.items()}, fh, indent=1)
     print(table(samples, list(cmds), args))
+    print()
+    print(depth_cost(samples, list(cmds), args))
     print(f"\nmedians of {args.rounds} runs per engine; load average now {os.getloadavg()[0]:.1f}")
     return 0
 
@@ -115,6 +126,20 @@ def table(samples: dict, engines: list[str], args) -> str:
             cells = [samples.get((e, test, depth)) for e in engines]
             lines.append(f"| {test} | {depth} | " + " | ".join(
                 f"{statistics.median(c):.1f}" if c else "-" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def depth_cost(samples: dict, engines: list[str], args) -> str:
+    """Decode time per token at each depth over the time at the first depth, per engine."""
+    depths = [int(d) for d in args.depths.split(",")]
+    test = f"tg{args.n_gen}"
+    lines = [f"| {test} time per token / at d{depths[0]} | " + " | ".join(f"d{d}" for d in depths[1:]) + " |",
+             "|---|" + "---:|" * (len(depths) - 1)]
+    for e in engines:
+        base = samples.get((e, test, depths[0]))
+        cells = [samples.get((e, test, d)) for d in depths[1:]]
+        lines.append(f"| {e} | " + " | ".join(
+            f"{statistics.median(base) / statistics.median(c):.2f}" if base and c else "-" for c in cells) + " |")
     return "\n".join(lines)
 
 
