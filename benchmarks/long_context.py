@@ -121,7 +121,7 @@ def main() -> int:
 
 def table(samples: dict, engines: list[str], args) -> str:
     lines = [f"| test | depth | {' | '.join(engines)} |", "|---|---:|" + "---:|" * len(engines)]
-    for test in (f"pp{args.n_prompt}", f"tg{args.n_gen}"):
+    for test in [f"pp{args.n_prompt}"] * (args.n_prompt > 0) + [f"tg{args.n_gen}"] * (args.n_gen > 0):
         for depth in (int(d) for d in args.depths.split(",")):
             cells = [samples.get((e, test, depth)) for e in engines]
             lines.append(f"| {test} | {depth} | " + " | ".join(
