@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from ember.engine.embed import Embedder  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
 from ember.sysinfo import cpu_name  # noqa: E402
 from ember.tokenizer.tokenizer import Tokenizer  # noqa: E402
+from runner import timed  # noqa: E402
 
 TOPICS = ["cats", "the weather", "a train timetable", "bread recipes", "mountain hikes", "jazz", "tax forms",
           "the moon"]
@@ -34,12 +34,6 @@ TOPICS = ["cats", "the weather", "a train timetable", "bread recipes", "mountain
 
 def texts(n: int) -> list[str]:
     return [f"Question {i}: what should I know about {TOPICS[i % len(TOPICS)]}?" for i in range(n)]
-
-
-def timed(fn) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:

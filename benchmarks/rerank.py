@@ -32,6 +32,7 @@ from ember.engine.rerank import Reranker  # noqa: E402
 from ember.engine.runtime import Model  # noqa: E402
 from ember.sysinfo import cpu_name  # noqa: E402
 from ember.tokenizer.tokenizer import Tokenizer  # noqa: E402
+from runner import timed  # noqa: E402
 
 QUERY = "how do I keep bread fresh for longer?"
 TOPICS = ["bread", "the weather", "a train timetable", "mountain hikes", "jazz", "tax forms", "the moon", "cats"]
@@ -58,14 +59,6 @@ def minilm_reranker(folder: Path, outtype: str) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(source / name, folder / name)
     return convert(folder, folder / f"reranker-{outtype}.gguf", outtype)
-
-
-def timed(fn) -> tuple[float, float]:
-    import time
-
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:

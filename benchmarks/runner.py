@@ -21,6 +21,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def timed(fn) -> tuple[float, float]:
+    """Wall and CPU seconds of one call of fn() in this process."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 class MissingBinary(SystemExit):
     pass
 
