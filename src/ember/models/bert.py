@@ -24,6 +24,7 @@ from ember.errors import EmberError
 from ember.gguf.types import GGMLType
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import IGNORED, get, require
+from ember.models.pooling import POOLING_IDS
 
 HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
                     "XLMRobertaForSequenceClassification")
@@ -147,7 +148,6 @@ _CLASSIFIER = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bi
 _ROBERTA_CLASSIFIER = {"classifier.dense.weight": "cls.weight", "classifier.dense.bias": "cls.bias",
                        "classifier.out_proj.weight": "cls.output.weight", "classifier.out_proj.bias": "cls.output.bias"}
 _POSITIONS = "embeddings.position_embeddings.weight"
-RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 
 
 class Converter:
@@ -199,7 +199,7 @@ class Converter:
     def _classifier_metadata(self) -> dict[str, Any]:
         """The rank pooling type and, as llama.cpp's converter, the class labels unless they are
         the two transformers makes up (LABEL_0, LABEL_1)."""
-        meta: dict[str, Any] = {f"{self.arch}.pooling_type": RANK_POOLING}
+        meta: dict[str, Any] = {f"{self.arch}.pooling_type": POOLING_IDS["rank"]}
         labels = self.config.get("id2label") or {}
         names = [str(v) for _, v in sorted(labels.items(), key=lambda kv: int(kv[0]))]
         if names and names != ["LABEL_0", "LABEL_1"]:

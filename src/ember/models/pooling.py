@@ -12,6 +12,7 @@ from ember.errors import EmberError
 from ember.gguf.metadata import int_key
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+POOLING_IDS = {name: value for value, name in POOLING_TYPES.items()}  # what a converter writes
 CLASSIFIER_TENSORS = ("cls.output.weight", "cls.weight")
 
 

@@ -15,6 +15,7 @@ from ember.errors import EmberError
 from ember.models.blocks import Builder, HParams
 from ember.models.hf import DECODER_LAYER, DecoderConverter
 from ember.models.llama import build_decoder
+from ember.models.pooling import POOLING_IDS
 
 HF_ARCHITECTURES = ("Qwen3ForCausalLM",)
 FEATURES = ("per-head Q/K RMSNorm",)
@@ -29,7 +30,6 @@ def hparams(f) -> HParams:
     return HParams.from_gguf(f)
 
 
-RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 # the template llama.cpp's converter writes for Qwen3-Reranker (tokenizer.chat_template.rerank)
 RERANK_TEMPLATE = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
@@ -69,7 +69,7 @@ class Converter(DecoderConverter):
         # llama.cpp's converter writes neither for Qwen3: the vocabulary is the tokenizer's, RoPE spans the head
         del meta[f"{self.arch}.vocab_size"], meta[f"{self.arch}.rope.dimension_count"]
         if self.answers is not None:
-            meta |= {f"{self.arch}.pooling_type": RANK_POOLING, f"{self.arch}.classifier.output_labels": ["yes", "no"],
+            meta |= {f"{self.arch}.pooling_type": POOLING_IDS["rank"], f"{self.arch}.classifier.output_labels": ["yes", "no"],
                      "tokenizer.chat_template.rerank": RERANK_TEMPLATE, "tokenizer.chat_templates": ["rerank"]}
         return meta
 
