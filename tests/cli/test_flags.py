@@ -186,6 +186,16 @@ def test_replica_flags_without_ray_are_one_line(flag, value):
     assert f"{flag} needs --ray" in result.stderr
 
 
+def test_ray_without_ray_serve_installed_is_one_line(tmp_path):
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)])}
+    result = subprocess.run([sys.executable, "-m", "ember", "serve", "--ray", "--replicas", "2"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "--ray needs Ray Serve: pip install 'ember[ray]'" in result.stderr
+
+
 # -- what they do -------------------------------------------------------------------------------------
 
 def test_reverse_prompt_stops_the_text(hello, capsys):

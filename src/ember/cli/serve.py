@@ -49,17 +49,15 @@ def serve_on_ray(args) -> int:
     """The model's replicas on the Ray cluster at RAY_ADDRESS (or a local one started here, of this
     machine's CPUs), behind Ray Serve's proxy on --host/--port, until Ctrl-C or SIGTERM; then the
     application is deleted (and a local cluster shut down)."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        raise EmberError("--ray needs Ray Serve: pip install 'ember[ray]'") from None
+    app = ray_application(args)  # first: it says so when Ray Serve is missing
+    import ray
+    from ray import serve
+
     host, port = args.host, args.port
     if port == 0:
         with listening_socket(host, 0) as sock:  # Ray's proxy needs a port number: a free one
             port = sock.getsockname()[1]
     threads = args.threads or 1
-    app = ray_application(args)
     existing = bool(os.environ.get("RAY_ADDRESS"))
     if not existing:
         from ember.hub import resolve_model
