@@ -135,7 +135,7 @@ def test_a_session_keeps_its_replica_and_only_a_lost_replicas_sessions_move():
 
 def test_replicas_are_fixed_or_autoscaled_on_ongoing_requests():
     fixed = deployment_options(replicas=3, threads=2, parallel=8)
-    assert (fixed["num_replicas"], fixed["ray_actor_options"], fixed["max_ongoing_requests"]) == (3, {"num_cpus": 2}, 8)
+    assert (fixed["num_replicas"], fixed["ray_actor_options"], fixed["max_ongoing_requests"]) == (3, {"num_cpus": 2}, 16)
     assert "autoscaling_config" not in fixed
     scaled = deployment_options(threads=1, parallel=4, min_replicas=0, max_replicas=5)
     assert scaled["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 5, "initial_replicas": 1,
@@ -143,6 +143,14 @@ def test_replicas_are_fixed_or_autoscaled_on_ongoing_requests():
     assert "num_replicas" not in scaled
     assert deployment_options(max_replicas=2, target_ongoing_requests=1.5)["autoscaling_config"][
         "target_ongoing_requests"] == 1.5
+
+
+def test_a_replica_takes_its_slots_and_as_many_waiting_as_its_queue_holds():
+    # a freed slot takes a request waiting on the replica at the next step, not at Ray's router's next try
+    assert deployment_options(parallel=4)["max_ongoing_requests"] == 8
+    assert deployment_options(parallel=4, queue_size=64)["max_ongoing_requests"] == 8
+    assert deployment_options(parallel=4, queue_size=1)["max_ongoing_requests"] == 5
+    assert deployment_options(parallel=4, queue_size=0)["max_ongoing_requests"] == 4
 
 
 @pytest.mark.parametrize("args, message", [
@@ -169,7 +177,7 @@ def test_the_config_file_in_the_docs_builds_an_application():
     deployment = build_app(application.args)._bound_deployment
     assert deployment.num_replicas == 2
     assert deployment.ray_actor_options["num_cpus"] == 1
-    assert deployment.max_ongoing_requests == 4
+    assert deployment.max_ongoing_requests == 8
 
 
 def test_the_readme_starts_a_cluster_with_embers_environment():
@@ -195,7 +203,7 @@ def test_every_engine_option_of_ember_serve_reaches_the_replicas():
              "--cors-origins", "*", "--no-slots", "-ctk", "q8_0", "-ctv", "f32", "--replicas", "2"]
     deployment = ray_application(build_parser().parse_args(flags))._bound_deployment
     assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"], deployment.max_ongoing_requests) == \
-        (2, 2, 3)
+        (2, 2, 6)
     model, options = deployment.init_args
     assert model == MODEL
     assert options == {"n_threads": 2, "parallel": 3, "n_ctx": 256, "n_batch": 64, "queue_size": 7, "api_key": "key",

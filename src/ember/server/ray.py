@@ -300,15 +300,22 @@ async def _send_error(send, status: int, message: str, code: str | None, headers
 
 def deployment_options(replicas: int | None = 1, threads: int = 1, parallel: int = DEFAULT_PARALLEL,
                        min_replicas: int | None = None, max_replicas: int | None = None,
-                       target_ongoing_requests: float | None = None) -> dict:
+                       target_ongoing_requests: float | None = None, queue_size: int | None = None) -> dict:
     """Ray Serve options for the replicas: a fixed number, or autoscaling between min and max
-    replicas on `target_ongoing_requests` per replica (default: its `parallel` slots). A replica
-    takes up to `parallel` requests at once; more wait in Ray's queue for the first free one."""
+    replicas on `target_ongoing_requests` per replica (default: its `parallel` slots).
+
+    A replica takes its `parallel` requests at once and as many more (at most its scheduler's
+    `queue_size`) waiting in its own queue, so a slot that frees takes the next request at the
+    scheduler's next step, as in `ember serve`; more wait in Ray's queue for a replica with room.
+    (Ray's router tries again a request that no replica took after a pause that doubles each
+    time, from 25 ms to 0.5 s: a replica with no request of its own waiting would sit idle that
+    long between requests.)"""
     for name, value in (("replicas", replicas), ("threads", threads), ("parallel", parallel),
                         ("min_replicas", min_replicas), ("max_replicas", max_replicas)):
         if value is not None and (not isinstance(value, int) or value < (0 if name == "min_replicas" else 1)):
             raise EmberError(f"{name} must be a positive whole number, not {value!r}")
-    options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": parallel,
+    waiting = parallel if queue_size is None else min(parallel, queue_size)
+    options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": parallel + waiting,
                "request_router_config": {"request_router_class": SessionAffinityRouter}}
     scaling = autoscaling_range(min_replicas, max_replicas)
     if scaling is None:
@@ -340,7 +347,8 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
     taken = sorted(set(server_options) & {"n_threads", "parallel"})
     if taken:
         raise EmberError(f"{taken[0]} is set by the Ray application's threads and parallel, not as a server option")
-    options = deployment_options(replicas, threads, parallel, min_replicas, max_replicas, target_ongoing_requests)
+    options = deployment_options(replicas, threads, parallel, min_replicas, max_replicas, target_ongoing_requests,
+                                 server_options.get("queue_size"))
     deployment = serve.deployment(EmberReplica, name="ember", **options)
     return deployment.bind(model, {**server_options, "n_threads": threads, "parallel": parallel})
 
