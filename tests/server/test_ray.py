@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import os
+import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
@@ -106,6 +107,23 @@ def ask(url: str, route: str, body: dict, headers: dict | None = None) -> dict:
                     text += choice.get("delta", {}).get("content") or choice.get("text") or ""
                     finish_reason = choice.get("finish_reason") or finish_reason
             return {**answer, "text": text, "finish_reason": finish_reason, "usage": usage, "complete": complete}
+
+
+STREAMS = (("/v1/completions", {"prompt": "Count: one, two,", "max_tokens": 16, "temperature": 0, "stream": True,
+                                 "stream_options": {"include_usage": True}}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,
+                                      "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 2}))
+
+
+def stream_events(url: str, route: str, body: dict) -> list[bytes]:
+    """A stream's server-sent events as the bytes that came, each answer's own id and creation
+    time put as `ID` and `0`."""
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as client, client.stream("POST", route, json=body) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(response.iter_bytes())
+    raw = re.sub(rb'"created": [0-9]+', b'"created": 0', re.sub(rb'"id": "[^"]*"', b'"id": "ID"', raw))
+    assert raw.endswith(b"\n\n")
+    return raw.split(b"\n\n")[:-1]
 
 
 def ask_all(url: str, requests: list[tuple[str, dict]]) -> list[dict]:
@@ -386,7 +404,8 @@ def reference():
     resolve_model(MODEL)
     process = ServerProcess(*SERVE_FLAGS).wait_ready()
     try:
-        yield {"answers": ask_all(process.url, requests_of_16_clients()), "probes": probes(process.url)}
+        yield {"answers": ask_all(process.url, requests_of_16_clients()), "probes": probes(process.url),
+               "streams": [stream_events(process.url, *request) for request in STREAMS]}
     finally:
         process.stop()
 
@@ -460,6 +479,15 @@ def test_16_concurrent_clients_get_what_ember_serve_answers(ray_server, referenc
     assert [without_replica(a) for a in answers] == [without_replica(a) for a in reference["answers"]]
     assert all(a["status"] == 200 and a["complete"] for a in answers)
     assert len({a["replica"] for a in answers}) == 2  # both replicas served
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_stream_through_ray_is_ember_serves_event_for_event_and_byte_for_byte(ray_server, reference):
+    for request, expected in zip(STREAMS, reference["streams"]):
+        events = stream_events(ray_server, *request)
+        assert events == expected
+        assert len(events) > 16 and events[-1] == b"data: [DONE]"  # a token an event, then usage / finish, [DONE]
 
 
 @pytest.mark.model
