@@ -108,9 +108,9 @@ def test_bench_takes_llama_benchs_fa_list():
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_loading_flags_are_accepted_everywhere(command):
     extra = ["-f", "x.txt"] if command == "perplexity" else []
-    args = parse(command, "--mlock", "--no-mmap", "-b", "256", "-ub", "128", *extra)
-    assert (args.mlock, args.mmap, batch_size(args)) == (True, False, 128)
-    assert parse(command, *extra).mmap is True
+    args = parse(command, "--mlock", "--no-mmap", "--no-huge-pages", "-b", "256", "-ub", "128", *extra)
+    assert (args.mlock, args.mmap, args.huge_pages, batch_size(args)) == (True, False, False, 128)
+    assert (parse(command, *extra).mmap, parse(command, *extra).huge_pages) == (True, True)
 
 
 def test_sampling_flags_take_their_defaults_from_sampling_params():

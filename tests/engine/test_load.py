@@ -1,5 +1,5 @@
 """ember.engine.load: the chat template a model runs with, the context and thread settings
-(warnings beyond the model and the machine), and loading without mmap or with mlock."""
+(warnings beyond the model and the machine), and loading without mmap, in small pages or with mlock."""
 
 from __future__ import annotations
 
@@ -89,11 +89,12 @@ def test_settings_within_the_model_and_machine_say_nothing(tiny):
         Model(tiny, n_ctx=N_CTX_TRAIN, n_threads=physical_cores())
 
 
-def test_without_mmap_the_model_computes_the_same(tiny):
+@pytest.mark.parametrize("use_mmap, huge_pages", [(False, True), (False, False), (True, False)])
+def test_read_or_in_small_pages_the_model_computes_the_same(tiny, use_mmap, huge_pages):
     tokens = [1, 2, 257, 258]
     mapped = load(tiny, n_ctx=16, n_threads=1)
-    read = load(tiny, n_ctx=16, n_threads=1, use_mmap=False)
-    assert np.array_equal(mapped.model.eval(tokens, logits="all"), read.model.eval(tokens, logits="all"))
+    other = load(tiny, n_ctx=16, n_threads=1, use_mmap=use_mmap, huge_pages=huge_pages)
+    assert np.array_equal(mapped.model.eval(tokens, logits="all"), other.model.eval(tokens, logits="all"))
 
 
 def test_mlock_locks_or_warns(tiny, monkeypatch):

@@ -217,7 +217,7 @@ def test_serve_run_with_key_value_arguments_builds_an_application():
 
 def test_every_engine_option_of_ember_serve_reaches_the_replicas():
     flags = ["serve", "--ray", "-m", MODEL, "-t", "2", "--parallel", "3", "-c", "256", "-b", "64", "--queue-size", "7",
-             "--api-key", "key", "--activations", "f32", "--no-mmap", "--mlock", "--chat-template", "chatml",
+             "--api-key", "key", "--activations", "f32", "--no-mmap", "--no-huge-pages", "--mlock", "--chat-template", "chatml",
              "--cors-origins", "*", "--no-slots", "-ctk", "q8_0", "-ctv", "f32", "--replicas", "2"]
     deployment = ray_application(build_parser().parse_args(flags))._bound_deployment
     assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"], deployment.max_ongoing_requests) == \
@@ -226,7 +226,8 @@ def test_every_engine_option_of_ember_serve_reaches_the_replicas():
     assert model == MODEL
     assert options == {"n_threads": 2, "parallel": 3, "n_ctx": 256, "n_batch": 64, "queue_size": 7, "api_key": "key",
                        "activations": "f32", "use_mmap": False, "use_mlock": True, "chat_template": "chatml",
-                       "cors_origins": "*", "slots_endpoint": False, "type_k": "q8_0", "type_v": "f32"}
+                       "cors_origins": "*", "slots_endpoint": False, "type_k": "q8_0", "type_v": "f32",
+                       "huge_pages": False}
     # every option build_server takes is one of them: a new one cannot be left behind unnoticed
     assert set(options) == set(inspect.signature(build_server).parameters) - {"model"}
 

@@ -63,7 +63,8 @@ class LLM:
     n_batch: prompt tokens evaluated per step.
     activations: "int8" (default, 8-bit activations and integer dot products, as llama.cpp) or
       "f32" (dequantized weights, unrounded activations: closest to a float reference, slower).
-    use_mmap: map the file (default) or, False, read it into memory; use_mlock: lock it in RAM.
+    use_mmap: map the file (default) or, False, read it into memory; use_mlock: lock it in RAM;
+      huge_pages: back the weights with 2 MiB pages where the kernel can (default), or False: 4 KiB.
     type_k, type_v: the KV cache's types, as llama-cpp-python's Llama takes them: "f16" (default),
       "q8_0" (about half the memory) or "f32", or ggml type ids (1, 8, 0).
     chat_template: instead of the model's template, a built-in format's name (chatml, llama3,
@@ -79,11 +80,11 @@ class LLM:
                  seed: int | None = None, n_batch: int = 512, activations: str = "int8", use_mmap: bool = True,
                  use_mlock: bool = False, chat_template: str | None = None, pooling: str | None = None,
                  lookup: Lookup | bool | None = None, type_k: str | int | None = None,
-                 type_v: str | int | None = None):
+                 type_v: str | int | None = None, huge_pages: bool = True):
         lookup = lookup_options(lookup)
         loaded = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, activations=activations,
                             use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template, type_k=type_k,
-                            type_v=type_v)
+                            type_v=type_v, huge_pages=huge_pages)
         self._setup(loaded.model, loaded.tokenizer, None, loaded.name, seed, lookup)
         self._template_override = chat_template  # parsed on first use, like the file's own
         self._pooling = pooling

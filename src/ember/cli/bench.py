@@ -96,7 +96,7 @@ def generation_speeds(model, n_gen: int, repetitions: int, n_depth: int = 0) -> 
 def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=None, repetitions: int = 5,
               progress=None, activations: str = "int8", n_batch: int | None = None, use_mmap: bool = True,
               use_mlock: bool = False, depths=(0,), type_k: str | None = None,
-              type_v: str | None = None) -> list[BenchResult]:
+              type_v: str | None = None, huge_pages: bool = True) -> list[BenchResult]:
     """n_batch: tokens per graph run of the pp test (default: the whole prompt in one run);
     depths: the context depths each test runs at; type_k / type_v: the KV cache's types."""
     from ember.cli.info import describe
@@ -109,7 +109,8 @@ def run_bench(model_ref: str, n_prompt: int = 512, n_gen: int = 128, threads=Non
         start = time.perf_counter()
         loaded = load(path, n_ctx=max(depths) + max(n_prompt, n_gen, 1), n_threads=n_threads,
                       n_batch=min(n_batch, max(n_prompt, 1)) if n_batch else max(n_prompt, 1),
-                      activations=activations, use_mmap=use_mmap, use_mlock=use_mlock, type_k=type_k, type_v=type_v)
+                      activations=activations, use_mmap=use_mmap, use_mlock=use_mlock, type_k=type_k, type_v=type_v,
+                      huge_pages=huge_pages)
         model = loaded.model
         load_ms = (time.perf_counter() - start) * 1000
         summary = describe(loaded.gguf)
@@ -164,7 +165,7 @@ def cli_bench(args) -> int:
     given_batch = args.batch_size or args.ubatch_size
     results = run_bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, progress,
                         args.activations, batch_size(args) if given_batch else None, args.mmap, args.mlock,
-                        args.n_depth, args.cache_type_k, args.cache_type_v)
+                        args.n_depth, args.cache_type_k, args.cache_type_v, args.huge_pages)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
     elif args.output == "csv":

@@ -22,7 +22,8 @@ def cli_embed(args) -> int:
 
     texts = _texts(args)
     llm = LLM(resolve_model(args.model), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=batch_size(args),
-              activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock, pooling=args.pooling)
+              activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock, huge_pages=args.huge_pages,
+              pooling=args.pooling)
     try:
         llm.embedder.normalize = not args.no_normalize
         for index, found in enumerate(llm.embeddings(texts, truncate=args.truncate)):

@@ -189,6 +189,8 @@ def _add_loading(p: argparse.ArgumentParser, batch: bool = True) -> None:
                    help="read the model into memory instead of mapping the file")
     p.add_argument("--mmap", dest="mmap", action="store_true", default=True, help=argparse.SUPPRESS)
     p.add_argument("--mlock", action="store_true", help="keep the model's bytes locked in RAM (mlock)")
+    p.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                   help="keep the weights in 4 KiB pages (default: ask the kernel for 2 MiB pages, mapped or read)")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=_gpu_layers, default=None,
                    metavar="N", help="accepted for llama.cpp's sake; ember runs on the CPU")
     p.add_argument("-fa", "--flash-attn", dest="flash_attn", default=None, metavar="on|off|auto",

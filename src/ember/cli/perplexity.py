@@ -20,8 +20,8 @@ def cli_perplexity(args) -> int:
         raise EmberError(f"cannot read {args.file}: {exc.strerror}") from None
     n_batch = batch_size(args, default=args.ctx_size or 2048)  # the logits of every token of a batch are kept
     loaded = load(args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=n_batch, n_outputs=n_batch,
-                  activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock, type_k=args.cache_type_k,
-                  type_v=args.cache_type_v)
+                  activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock, huge_pages=args.huge_pages,
+                  type_k=args.cache_type_k, type_v=args.cache_type_v)
     model, tokenizer = loaded.model, loaded.tokenizer
     n_ctx = model.n_ctx  # -c 0: the model's own
     tokens = tokenizer.encode(text, add_special=True)

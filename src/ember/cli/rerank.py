@@ -20,7 +20,7 @@ def cli_rerank(args) -> int:
 
     documents = _texts(args, what="documents to rerank")
     llm = LLM(resolve_model(args.model), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=batch_size(args),
-              activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock)
+              activations=args.activations, use_mmap=args.mmap, use_mlock=args.mlock, huge_pages=args.huge_pages)
     try:
         for result in llm.rerank(args.query, documents, top_n=args.top_n):
             print(json.dumps(result))

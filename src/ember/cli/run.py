@@ -63,7 +63,7 @@ def load_llm(args):
     start = time.perf_counter()
     llm = LLM(path, n_ctx=args.ctx_size, n_threads=args.threads, n_batch=batch_size(args), activations=args.activations,
               use_mmap=args.mmap, use_mlock=args.mlock, chat_template=args.chat_template, type_k=args.cache_type_k,
-              type_v=args.cache_type_v)
+              type_v=args.cache_type_v, huge_pages=args.huge_pages)
     return llm, time.perf_counter() - start
 
 

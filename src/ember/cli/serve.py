@@ -105,7 +105,7 @@ def server_options(args) -> dict:
     return dict(n_ctx=args.ctx_size, queue_size=args.queue_size, api_key=args.api_key, activations=args.activations,
                 n_batch=batch_size(args), use_mmap=args.mmap, use_mlock=args.mlock, chat_template=args.chat_template,
                 cors_origins=args.cors_origins, slots_endpoint=args.slots, type_k=args.cache_type_k,
-                type_v=args.cache_type_v)
+                type_v=args.cache_type_v, huge_pages=args.huge_pages)
 
 
 def ray_application(args):

@@ -25,10 +25,11 @@ def model_name(model: str | os.PathLike) -> str:
     return Path(os.fspath(model)).name.removesuffix(".gguf")
 
 
-def open_model_file(model: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
+def open_model_file(model: str | os.PathLike, use_mmap: bool = True, huge_pages: bool = True) -> GGUFFile:
     """The opened GGUF file a registry name or path names (a registry model is pulled if missing);
-    use_mmap=False reads it into memory instead of mapping it."""
-    return open_gguf(resolve_model(model), use_mmap=use_mmap)
+    use_mmap=False reads it into memory instead of mapping it; huge_pages asks the kernel to back
+    the weights with 2 MiB pages (see ember.gguf.reader.open_file)."""
+    return open_gguf(resolve_model(model), use_mmap=use_mmap, huge_pages=huge_pages)
 
 
 def load_tokenizer(model: str | os.PathLike) -> Tokenizer:
@@ -94,14 +95,14 @@ class Loaded:
 def load(model: str | os.PathLike, n_ctx: int | None = None, n_threads: int | None = None, n_seq: int = 1,
          n_batch: int = 512, n_outputs: int | None = None, activations: str = "int8", use_mmap: bool = True,
          use_mlock: bool = False, chat_template: str | None = None, type_k: str | int | None = None,
-         type_v: str | int | None = None) -> Loaded:
+         type_v: str | int | None = None, huge_pages: bool = True) -> Loaded:
     """Open a model by registry name or path and build its runtime (see `Model` for the options).
 
     use_mmap=False reads the weights into memory instead of mapping the file; use_mlock pins them in
-    RAM (a warning, not an error, when the system refuses). chat_template overrides the model's
-    (see `chat_template_source`).
+    RAM (a warning, not an error, when the system refuses); huge_pages=False keeps them in 4 KiB
+    pages. chat_template overrides the model's (see `chat_template_source`).
     """
-    gguf = open_model_file(model, use_mmap=use_mmap)
+    gguf = open_model_file(model, use_mmap=use_mmap, huge_pages=huge_pages)
     try:
         if chat_template is not None:
             chat_template_source(gguf.metadata, chat_template)  # an unknown name fails before the weights load

@@ -13,7 +13,8 @@ against the bytes the file actually has left (the checks of ggml's gguf.cpp, and
 `open_file` reads one file; `ember.gguf.split.open_gguf` (what `ember.gguf.open_gguf` is) also
 joins the parts of a split model into one GGUFFile whose `parts` are the files read here.
 With `use_mmap=False` the file is read into anonymous memory instead of being mapped (what
-llama.cpp's --no-mmap does); `lock()` pins the bytes in RAM (mlock).
+llama.cpp's --no-mmap does); `lock()` pins the bytes in RAM (mlock). Either way the memory is
+advised for 2 MiB pages unless `huge_pages=False` (`_advise_huge`).
 
 Metadata values: strings -> str; numeric scalars -> int / float / bool; numeric arrays -> numpy
 arrays (copies, so they outlive the file); arrays of strings -> StringArray (a lazy list[str], see
@@ -182,11 +183,11 @@ class GGUFFile:
         return self._buf[offset:offset + n_bytes]
 
 
-def open_file(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
+def open_file(path: str | os.PathLike, use_mmap: bool = True, huge_pages: bool = True) -> GGUFFile:
     """Map (or, use_mmap=False, read) and parse one GGUF file; raises GGUFError if anything in it
-    is out of bounds or invalid."""
+    is out of bounds or invalid. huge_pages: ask the kernel for 2 MiB pages (see `_advise_huge`)."""
     path = Path(path)
-    mm = _map(path, use_mmap)
+    mm = _map(path, use_mmap, huge_pages)
     gguf = GGUFFile(path, mm)
     try:
         _Parser(gguf).parse()
@@ -207,15 +208,18 @@ def _decode_array(path: str, what: str, depth: int):
     return decode
 
 
-def _map(path: Path, use_mmap: bool = True) -> mmap.mmap:
+def _map(path: Path, use_mmap: bool = True, huge_pages: bool = True) -> mmap.mmap:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER.size:
                 raise GGUFError(f"{path}: {size} bytes is too small to be a GGUF file")
             if use_mmap:
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            return _read_into_memory(f, size, path)
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if huge_pages:
+                    _advise_huge(mapping)
+                return mapping
+            return _read_into_memory(f, size, path, huge_pages)
     except FileNotFoundError:
         raise ModelNotFound(f"no such file: {path}") from None
     except IsADirectoryError:
@@ -224,9 +228,13 @@ def _map(path: Path, use_mmap: bool = True) -> mmap.mmap:
         raise GGUFError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def _read_into_memory(f, size: int, path: Path) -> mmap.mmap:
+def _read_into_memory(f, size: int, path: Path, huge_pages: bool = True) -> mmap.mmap:
     """The whole file in anonymous memory (no mapping of the file stays behind)."""
-    memory = mmap.mmap(-1, size)
+    # private, not mmap's default MAP_SHARED: shared anonymous memory is shmem, which transparent
+    # huge pages leave alone (shmem_enabled), whatever is asked for it
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge_pages:
+        _advise_huge(memory)  # before the pages are first touched, so they are allocated huge
     view = memoryview(memory)
     try:
         done = 0
@@ -241,6 +249,19 @@ def _read_into_memory(f, size: int, path: Path) -> mmap.mmap:
         raise
     view.release()
     return memory
+
+
+def _advise_huge(mapping: mmap.mmap) -> None:
+    """madvise(MADV_HUGEPAGE): back the mapping with 2 MiB pages where the kernel can, so that a
+    matmul reading scattered rows (a token's experts) takes a TLB miss per 2 MiB, not per 4 KiB.
+    Anonymous memory then gets huge pages when transparent huge pages are in `madvise` mode; a file
+    mapping gets them where the page cache holds the file in 2 MiB folios (filesystems with large
+    folios), which faults in such a mapping read ahead. Where the kernel has no THP the advice fails
+    and nothing changes."""
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass
 
 
 def _mlock(buf: np.ndarray) -> None:

@@ -46,9 +46,10 @@ def parse_split_name(name: str) -> tuple[str, int, int] | None:
     return match["prefix"], number - 1, count
 
 
-def open_gguf(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
-    """Open a GGUF model: one file, or (given its first part) all the parts of a split model."""
-    first = open_file(path, use_mmap)
+def open_gguf(path: str | os.PathLike, use_mmap: bool = True, huge_pages: bool = True) -> GGUFFile:
+    """Open a GGUF model: one file, or (given its first part) all the parts of a split model
+    (use_mmap, huge_pages: see `open_file`)."""
+    first = open_file(path, use_mmap, huge_pages)
     try:
         count, index = _split_fields(first)
         if count == 1 and index == 0:
@@ -56,7 +57,7 @@ def open_gguf(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
         if index != 0:
             raise GGUFError(f"{first.path} is part {index + 1} of {count} of a split model; "
                             f"open its first part{_first_part_hint(first.path, count)}")
-        rest = _open_parts(first, count, use_mmap)
+        rest = _open_parts(first, count, use_mmap, huge_pages)
         try:
             return _join(first, rest)
         except BaseException:
@@ -91,7 +92,7 @@ def _small_int(f: GGUFFile, key: str, default: int) -> int:
     return value
 
 
-def _open_parts(first: GGUFFile, count: int, use_mmap: bool) -> list[GGUFFile]:
+def _open_parts(first: GGUFFile, count: int, use_mmap: bool, huge_pages: bool) -> list[GGUFFile]:
     """Parts 2..count beside the first (named by the convention), each validated on its own."""
     parsed = parse_split_name(first.path.name)
     if parsed is None or parsed[1] != 0 or parsed[2] != count:
@@ -103,7 +104,7 @@ def _open_parts(first: GGUFFile, count: int, use_mmap: bool) -> list[GGUFFile]:
         for index in range(1, count):
             path = first.path.with_name(split_name(prefix, index, count))
             try:
-                part = open_file(path, use_mmap)
+                part = open_file(path, use_mmap, huge_pages)
             except ModelNotFound:
                 raise ModelNotFound(f"part {index + 1} of {count} of the split model {first.path} is missing: "
                                     f"{path}") from None

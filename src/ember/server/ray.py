@@ -355,7 +355,7 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
 
 APP_ARGS = {"model": str, "replicas": int, "threads": int, "parallel": int, "min_replicas": int, "max_replicas": int,
             "target_ongoing_requests": float, "n_ctx": int, "queue_size": int, "api_key": str, "activations": str,
-            "n_batch": int, "use_mmap": bool, "use_mlock": bool, "chat_template": str, "cors_origins": str,
+            "n_batch": int, "use_mmap": bool, "use_mlock": bool, "huge_pages": bool, "chat_template": str, "cors_origins": str,
             "slots_endpoint": bool, "type_k": str, "type_v": str}
 
 
