@@ -56,6 +56,12 @@ inline void tile_dpbusd() {
   __asm__ volatile("tdpbusd %%tmm%c0, %%tmm%c1, %%tmm%c2" : : "i"(B), "i"(A), "i"(C));
 }
 
+// C += A . B in groups of 4 bytes, int32 sums; both operands' bytes signed.
+template <int C, int A, int B>
+inline void tile_dpbssd() {
+  __asm__ volatile("tdpbssd %%tmm%c0, %%tmm%c1, %%tmm%c2" : : "i"(B), "i"(A), "i"(C));
+}
+
 // C += A . B with the signedness of each operand chosen at run time ('s' or 'u'): for tests of
 // the tile path (native or emulated) against a reference. A: M rows of 4K bytes, B: K rows of
 // 4N bytes, C: M rows of N int32, all contiguous; M, K, N at most 16.

@@ -4,22 +4,25 @@
 // A block of a 16-token panel (avx512_panel.h) is already the layout AMX wants for its second operand:
 // B holds K/4 rows of N 4-byte groups, and chunk k of a panel block holds group k of each
 // token's activations, so the block is a tile as it stands (8 rows of 64 bytes, loaded from the
-// panel in place). The first operand, A, is 16 weight rows' unsigned quants (T::unpack_unsigned),
-// 32 bytes per row. tdpbusd (A unsigned, B signed) gives C[r][t] = the block's integer sum of
-// weight row r with token t: the sums panel_kernel's vpdpbusd's give, zero point subtracted
-// after the same way, then scaled and accumulated in the same order. So the amx table gives a
-// prompt's tokens the bits the avx512 table gives them, alone or batched.
+// panel in place). The first operand, A, is 16 weight rows' quants (T::unpack_unsigned), 32 bytes
+// per row, unpacked once per call for all the panels; for the types with a zero point z, as the
+// signed qx - z, so that tdpbssd gives C[r][t] = sum (qx - z) qy, the integer the avx512 table forms
+// as sum qx qy - z sum qy (tdpbusd, A unsigned, for the offset types). The sums are then scaled and
+// accumulated in the avx512 table's order. So the amx table gives a prompt's tokens the bits the
+// avx512 table gives them, alone or batched.
 //
 // Each block's sums leave the tile for the float accumulation (the scales change from block to
-// block, so the tile cannot carry integer sums across blocks). The unpacked weight block stays
-// in its tile for kGroup panels. Written and tested without an AMX CPU at hand (through the
-// emulator: amx_emulator.h), so not yet tuned on one.
+// block, so the tile cannot carry integer sums across blocks): one panel at a time, its 16 rows'
+// float sums in registers over all the blocks, and the next block's tile product issued before
+// the current one's sums are accumulated, so that the tiles and the vector units overlap.
 #pragma once
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "core/amx_tiles.h"
 #include "core/fp16.h"
@@ -43,88 +46,104 @@ inline SixteenRows<BX> sixteen_rows(const uint8_t* x, size_t x_stride, int n_row
   return rows;
 }
 
-// The integer sums of the weight block in tile 0 with one panel block: its activations into tile
-// B, the products into tile C (zeroed first); stored by the caller once it has started the next.
-template <int B, int C>
-inline void start_block_sums(const PanelBlock& pb) {
-  tile_load<B>(pb.qs, 4 * kPanelTokens);
-  tile_zero<C>();
-  tile_dpbusd<C, 0, B>();
+// C += A . B with A's bytes signed (tdpbssd) or unsigned (tdpbusd); B's bytes signed.
+template <bool kSigned, int C, int A, int B>
+inline void tile_dp() {
+  if constexpr (kSigned) tile_dpbssd<C, A, B>();
+  else tile_dpbusd<C, A, B>();
 }
+
+// 16 weight rows unpacked once for all the panels: block b's quants as tile rows (signed,
+// zero point subtracted, for the types that have one), its scales and offsets as floats.
+template <typename T>
+struct UnpackedRows {
+  static constexpr bool kSigned = T::kZeroShift >= 0;
+  int8_t (*q)[16][32];
+  float (*d)[16];
+  float (*m)[16];
+
+  UnpackedRows(const SixteenRows<typename T::BX>& xr, int64_t nb) {
+    thread_local std::vector<uint8_t> storage;
+    const size_t bytes = nb * (16 * 32 + 2 * 16 * sizeof(float));
+    if (storage.size() < bytes + 64) storage.resize(bytes + 64);
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
+    q = reinterpret_cast<int8_t(*)[16][32]>(base);
+    d = reinterpret_cast<float(*)[16]>(base + nb * 16 * 32);
+    m = d + nb;
+    const __m256i zero_point = _mm256_set1_epi8(kSigned ? static_cast<char>(1 << T::kZeroShift) : 0);
+    for (int64_t b = 0; b < nb; ++b)
+      for (int r = 0; r < 16; ++r) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q[b][r]), _mm256_sub_epi8(T::unpack_unsigned(xr[r][b]), zero_point));
+        d[b][r] = fp16_to_fp32(xr[r][b].d);
+        if constexpr (T::kOffset) m[b][r] = fp16_to_fp32(xr[r][b].m);
+      }
+  }
+};
 
 template <typename T>
 void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vpanels,
                     int n_rows, int n_cols) {
   using BX = typename T::BX;
-  constexpr int kGroup = 4;  // panels multiplied with each unpacked block of weights
+  constexpr bool kSigned = UnpackedRows<T>::kSigned;
   const int64_t nb = n / 32;
   const int n_panels = (n_cols + kPanelTokens - 1) / kPanelTokens;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   auto panel = [&](int p) { return reinterpret_cast<const PanelBlock*>(panel_at(vpanels, n, p)); };
 
-  // Tile 0: 16 weight rows x 32 unsigned quants. Two panels at a time, so that one's products
-  // overlap the other's: tiles 1 and 3 take a panel block (8 chunks x 16 tokens x 4 bytes),
-  // tiles 2 and 4 the sums (16 rows x 16 tokens of int32).
+  // Tile 0: 16 weight rows x 32 quants; tile 1 a panel block (8 chunks x 16 tokens x 4 bytes);
+  // tiles 2 and 3, in turn, a block's sums (16 rows x 16 tokens of int32).
   TileConfig cfg;
-  cfg.set(0, 16, 32).set(1, 8, 4 * kPanelTokens).set(2, 16, 4 * kPanelTokens);
-  cfg.set(3, 8, 4 * kPanelTokens).set(4, 16, 4 * kPanelTokens);
+  cfg.set(0, 16, 32).set(1, 8, 4 * kPanelTokens).set(2, 16, 4 * kPanelTokens).set(3, 16, 4 * kPanelTokens);
   tile_load_config(cfg);
-  alignas(64) uint8_t a[16][32];
   alignas(64) int32_t c[2][16][kPanelTokens];
-  alignas(64) float S[kGroup][16][kPanelTokens], O[kGroup][16][kPanelTokens];
-  float dx[16], mx[16];
-  // S and O of panel p += block b's sums in c, as panel_kernel adds them.
-  auto accumulate = [&](int p, const PanelBlock& pb, const int32_t (&sums)[16][kPanelTokens]) {
-    const __m512 dy = _mm512_load_ps(pb.d);
-    __m512i zero_sums = _mm512_setzero_si512();
-    if constexpr (T::kZeroShift >= 0) zero_sums = _mm512_slli_epi32(_mm512_load_si512(pb.qsum), T::kZeroShift);
-    for (int r = 0; r < 16; ++r) {
-      __m512i isum = _mm512_load_si512(sums[r]);
-      if constexpr (T::kZeroShift >= 0) isum = _mm512_sub_epi32(isum, zero_sums);
-      const __m512 dxdy = _mm512_mul_ps(dy, _mm512_set1_ps(dx[r]));
-      _mm512_store_ps(S[p][r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dxdy, _mm512_load_ps(S[p][r])));
-    }
-    if constexpr (T::kOffset) {
-      const __m512 sy = _mm512_load_ps(pb.s);
-      for (int r = 0; r < 16; ++r)
-        _mm512_store_ps(O[p][r], _mm512_fmadd_ps(_mm512_set1_ps(mx[r]), sy, _mm512_load_ps(O[p][r])));
-    }
+  // Block b's products with one panel into tile C (tdpbssd gives sum (qx - z) qy, the integer
+  // sum the avx512 table forms as sum qx qy - z sum qy).
+  auto start_block = [&](const UnpackedRows<T>& w, const PanelBlock& pb, int64_t b, auto tile) {
+    constexpr int C = decltype(tile)::value;
+    tile_load<0>(w.q[b], 32);
+    tile_load<1>(pb.qs, 4 * kPanelTokens);
+    tile_zero<C>();
+    tile_dp<kSigned, C, 0, 1>();
   };
   for (int r0 = 0; r0 < n_rows; r0 += 16) {
     const int rows = std::min(16, n_rows - r0);
-    const auto xr = sixteen_rows<BX>(x + r0 * x_stride, x_stride, rows);
-    for (int p0 = 0; p0 < n_panels; p0 += kGroup) {
-      const int group = std::min(kGroup, n_panels - p0);
-      std::memset(S, 0, sizeof S);
-      std::memset(O, 0, sizeof O);
+    const UnpackedRows<T> w(sixteen_rows<BX>(x + r0 * x_stride, x_stride, rows), nb);
+    for (int p = 0; p < n_panels; ++p) {
+      const PanelBlock* pb = panel(p);
+      // S and O of the 16 rows stay in registers over the blocks, summed as panel_kernel sums them.
+      __m512 S[16], O[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) S[r] = O[r] = _mm512_setzero_ps();
+      // Software-pipelined: block b + 1's tile product runs while block b's sums are accumulated.
+      start_block(w, pb[0], 0, std::integral_constant<int, 2>());
       for (int64_t b = 0; b < nb; ++b) {
+        const int k = b & 1;
+        if (k == 0) tile_store<2>(c[0], 4 * kPanelTokens);
+        else tile_store<3>(c[1], 4 * kPanelTokens);
+        if (b + 1 < nb) {
+          if (k == 0) start_block(w, pb[b + 1], b + 1, std::integral_constant<int, 3>());
+          else start_block(w, pb[b + 1], b + 1, std::integral_constant<int, 2>());
+        }
+        const __m512 dy = _mm512_load_ps(pb[b].d);
+#pragma GCC unroll 16
         for (int r = 0; r < 16; ++r) {
-          _mm256_store_si256(reinterpret_cast<__m256i*>(a[r]), T::unpack_unsigned(xr[r][b]));
-          dx[r] = fp16_to_fp32(xr[r][b].d);
-          if constexpr (T::kOffset) mx[r] = fp16_to_fp32(xr[r][b].m);
-        }
-        tile_load<0>(a, 32);
-        for (int p = 0; p < group; p += 2) {
-          const PanelBlock& first = panel(p0 + p)[b];
-          const bool pair = p + 1 < group;
-          start_block_sums<1, 2>(first);
-          if (pair) start_block_sums<3, 4>(panel(p0 + p + 1)[b]);
-          tile_store<2>(c[0], 4 * kPanelTokens);
-          accumulate(p, first, c[0]);
-          if (pair) {
-            tile_store<4>(c[1], 4 * kPanelTokens);
-            accumulate(p + 1, panel(p0 + p + 1)[b], c[1]);
-          }
+          const __m512 dxdy = _mm512_mul_ps(dy, _mm512_set1_ps(w.d[b][r]));
+          S[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[k][r])), dxdy, S[r]);
         }
       }
-      for (int p = 0; p < group; ++p) {
-        const int token0 = (p0 + p) * kPanelTokens, tokens = std::min(kPanelTokens, n_cols - token0);
-        for (int r = 0; r < rows; ++r) {
-          alignas(64) float sums[kPanelTokens];
-          _mm512_store_ps(sums, _mm512_add_ps(_mm512_load_ps(S[p][r]), _mm512_load_ps(O[p][r])));
-          for (int t = 0; t < tokens; ++t) out[(token0 + t) * out_stride + r0 + r] = sums[t];
+      if constexpr (T::kOffset) {
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m512 sy = _mm512_load_ps(pb[b].s);
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) O[r] = _mm512_fmadd_ps(_mm512_set1_ps(w.m[b][r]), sy, O[r]);
         }
       }
+      const int token0 = p * kPanelTokens, tokens = std::min(kPanelTokens, n_cols - token0);
+      alignas(64) float sums[16][kPanelTokens];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) _mm512_store_ps(sums[r], _mm512_add_ps(S[r], O[r]));
+      for (int t = 0; t < tokens; ++t)
+        for (int r = 0; r < rows; ++r) out[(token0 + t) * out_stride + r0 + r] = sums[r][t];
     }
   }
   tile_release();
