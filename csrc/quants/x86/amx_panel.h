@@ -150,80 +150,94 @@ void gemm_panel_amx(int64_t n, float* out, size_t out_stride, const void* vx, si
 }
 
 // The K-quants (avx512_k_panel.h) on the tiles: sub-block j of 16 rows' unpacked quants (UnpackedK,
-// loaded in place at its stride) times the same sub-block of a K panel (kSub / 4 chunks of 16
-// tokens), one tdpbusd per sub-block and panel; then the integer sums go through avx512_k_panel.h's
-// add_sub_block and add_super_block, in avx2_k_tile.h's order. Two sub-blocks at a time: tiles 0 and 5
-// hold their quants, 1 and 3 the panel's, 2 and 4 the sums.
-template <int A, int B, int C>
-inline void start_sub_block_sums(const void* quants, size_t quant_stride, const PanelKBlock& pb, int chunk) {
-  tile_load<A>(quants, quant_stride);
-  tile_load<B>(pb.qs[chunk], 4 * kPanelTokens);
-  tile_zero<C>();
-  tile_dpbusd<C, A, B>();
-}
-
+// unpacked once per call for all the panels, loaded in place at its stride; signed, zero point
+// subtracted, for the types that have one) times the same sub-block of a K panel (kSub / 4 chunks of
+// 16 tokens), one tile product per sub-block and panel; each sub-block's integer sums times its
+// scale into the rows' scaled sums (in registers), the mins times the tokens' sub-block sums, then
+// avx512_k_panel.h's add_super_block, in avx2_k_tile.h's order (the integer sums are exact, so
+// their order does not change them).
 template <typename T>
 void gemm_panel_k_amx(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vpanels,
                       int n_rows, int n_cols) {
   using BX = typename T::BX;
-  constexpr int kGroup = 2, kChunks = T::kSub / 4;  // 2 panels: their partial sums fill 32 KiB
+  constexpr bool kSigned = T::kZeroShift >= 0;
+  constexpr int kChunks = T::kSub / 4, kSubBlocks = QK_K / T::kSub;
   const int64_t nb = n / QK_K;
   const int n_panels = (n_cols + kPanelTokens - 1) / kPanelTokens;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   auto panel = [&](int p) { return reinterpret_cast<const PanelKBlock*>(panel_at(vpanels, n, p)); };
 
+  // Tile 0: 16 rows' quants of one sub-block; tile 1 the panel's; tiles 2 and 3, in turn, the sums.
   TileConfig cfg;
-  cfg.set(0, 16, T::kSub).set(5, 16, T::kSub);
-  cfg.set(1, kChunks, 4 * kPanelTokens).set(3, kChunks, 4 * kPanelTokens);
-  cfg.set(2, 16, 4 * kPanelTokens).set(4, 16, 4 * kPanelTokens);
+  cfg.set(0, 16, T::kSub).set(1, kChunks, 4 * kPanelTokens);
+  cfg.set(2, 16, 4 * kPanelTokens).set(3, 16, 4 * kPanelTokens);
   tile_load_config(cfg);
-  UnpackedK<T> w[16];
+  thread_local std::vector<UnpackedK<T>> unpacked;
+  if (unpacked.size() < static_cast<size_t>(16 * nb)) unpacked.resize(16 * nb);
+  UnpackedK<T>* w = unpacked.data();  // w[16 b + r]: row r's super-block b
   alignas(64) int32_t c[2][16][kPanelTokens];
-  alignas(64) int32_t scaled[kGroup][16][kPanelTokens], mins[kGroup][16][kPanelTokens];
-  PanelPartials partials[kGroup][16];
-  // The sums in c of sub-block j with panel p, into its rows' scaled and mins sums.
-  auto accumulate = [&](int p, int j, const PanelKBlock& pb, const int32_t (&sums)[16][kPanelTokens]) {
-    const __m512i ysum = sub_block_sums<T>(pb, j);
-    for (int r = 0; r < 16; ++r) {
-      __m512i sc = _mm512_load_si512(scaled[p][r]), mn = _mm512_load_si512(mins[p][r]);
-      add_sub_block<T>(_mm512_load_si512(sums[r]), ysum, w[r].sc[j], w[r].mn[j], sc, mn);
-      _mm512_store_si512(scaled[p][r], sc);
-      _mm512_store_si512(mins[p][r], mn);
-    }
+  PanelPartials partials[16];
+  // Sub-block i (of all the super-blocks in order) of the rows with panel pb into tile C.
+  auto start_sub_block = [&](const PanelKBlock* pb, int64_t i, auto tile) {
+    constexpr int C = decltype(tile)::value;
+    const int64_t b = i / kSubBlocks;
+    const int j = static_cast<int>(i % kSubBlocks);
+    tile_load<0>(w[16 * b].q + j * kChunks, sizeof(UnpackedK<T>));
+    tile_load<1>(pb[b].qs[j * kChunks], 4 * kPanelTokens);
+    tile_zero<C>();
+    tile_dp<kSigned, C, 0, 1>();
   };
   for (int r0 = 0; r0 < n_rows; r0 += 16) {
     const int rows = std::min(16, n_rows - r0);
     const auto xr = sixteen_rows<BX>(x + r0 * x_stride, x_stride, rows);
-    for (int p0 = 0; p0 < n_panels; p0 += kGroup) {
-      const int group = std::min(kGroup, n_panels - p0);
-      for (auto& panel_partials : partials)
-        for (PanelPartials& p : panel_partials) p.clear();
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int r = 0; r < 16; ++r) w[r].set(xr[r][b]);
-        std::memset(scaled, 0, sizeof scaled);
-        std::memset(mins, 0, sizeof mins);
-        for (int j = 0; j < QK_K / T::kSub; j += 2) {
-          for (int p = 0; p < group; ++p) {
-            const PanelKBlock& pb = panel(p0 + p)[b];
-            start_sub_block_sums<0, 1, 2>(w[0].q + j * kChunks, sizeof(UnpackedK<T>), pb, j * kChunks);
-            start_sub_block_sums<5, 3, 4>(w[0].q + (j + 1) * kChunks, sizeof(UnpackedK<T>), pb, (j + 1) * kChunks);
-            tile_store<2>(c[0], 4 * kPanelTokens);
-            accumulate(p, j, pb, c[0]);
-            tile_store<4>(c[1], 4 * kPanelTokens);
-            accumulate(p, j + 1, pb, c[1]);
+    const __m256i zero_point = _mm256_set1_epi8(kSigned ? static_cast<char>(1 << T::kZeroShift) : 0);
+    for (int64_t b = 0; b < nb; ++b)
+      for (int r = 0; r < 16; ++r) {
+        UnpackedK<T>& u = w[16 * b + r];
+        u.set(xr[r][b]);
+        for (int k = 0; k < QK_K / 4; k += 8) {
+          __m256i* q = reinterpret_cast<__m256i*>(u.q + k);
+          _mm256_store_si256(q, _mm256_sub_epi8(_mm256_load_si256(q), zero_point));
+        }
+      }
+    const int64_t n_sub = nb * kSubBlocks;
+    for (int p = 0; p < n_panels; ++p) {
+      const PanelKBlock* pb = panel(p);
+      for (PanelPartials& pp : partials) pp.clear();
+      __m512i scaled[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) scaled[r] = _mm512_setzero_si512();
+      // Software-pipelined: sub-block i + 1's tile product runs while sub-block i's sums are added.
+      start_sub_block(pb, 0, std::integral_constant<int, 2>());
+      for (int64_t i = 0; i < n_sub; ++i) {
+        const int k = i & 1;
+        if (k == 0) tile_store<2>(c[0], 4 * kPanelTokens);
+        else tile_store<3>(c[1], 4 * kPanelTokens);
+        if (i + 1 < n_sub) {
+          if (k == 0) start_sub_block(pb, i + 1, std::integral_constant<int, 3>());
+          else start_sub_block(pb, i + 1, std::integral_constant<int, 2>());
+        }
+        const int64_t b = i / kSubBlocks;
+        const int j = static_cast<int>(i % kSubBlocks);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r)
+          scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(_mm512_load_si512(c[k][r]), _mm512_set1_epi32(w[16 * b + r].sc[j])));
+        if (j == kSubBlocks - 1) {
+          const __m512 dy = _mm512_load_ps(pb[b].d);
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            const UnpackedK<T>& u = w[16 * b + r];
+            __m512i mins = _mm512_setzero_si512();
+            if constexpr (T::kMins)
+              for (int jj = 0; jj < kSubBlocks; ++jj)
+                mins = _mm512_add_epi32(mins, _mm512_mullo_epi32(sub_block_sums<T>(pb[b], jj), _mm512_set1_epi32(u.mn[jj])));
+            add_super_block<T>(scaled[r], mins, dy, u.d, u.dmin, partials[r], b);
+            scaled[r] = _mm512_setzero_si512();
           }
         }
-        for (int p = 0; p < group; ++p) {
-          const __m512 dy = _mm512_load_ps(panel(p0 + p)[b].d);
-          for (int r = 0; r < 16; ++r)
-            add_super_block<T>(_mm512_load_si512(scaled[p][r]), _mm512_load_si512(mins[p][r]), dy, w[r].d, w[r].dmin,
-                               partials[p][r], b);
-        }
       }
-      for (int p = 0; p < group; ++p) {
-        const int token0 = (p0 + p) * kPanelTokens, tokens = std::min(kPanelTokens, n_cols - token0);
-        for (int r = 0; r < rows; ++r) partials[p][r].store(out + token0 * out_stride + r0 + r, out_stride, tokens);
-      }
+      const int token0 = p * kPanelTokens, tokens = std::min(kPanelTokens, n_cols - token0);
+      for (int r = 0; r < rows; ++r) partials[r].store(out + token0 * out_stride + r0 + r, out_stride, tokens);
     }
   }
   tile_release();
