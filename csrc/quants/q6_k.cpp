@@ -75,6 +75,52 @@ struct Q6KTile {
   }
   static float d(const BX& x) { return fp16_to_fp32(x.d); }
   static float dmin(const BX&) { return 0.0f; }
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+  // 64 quants a vector, elements 64 v .. 64 v + 63: the low (v even) or high nibbles of 64 bytes
+  // of ql, with the top bits from the half block's 32 bytes of qh in both 256-bit halves, moved to
+  // bits 4..5 by word shifts of 4, 2 (v even) or 0, -2 (v odd) bits. Each vpdpbusd sum of 4 products
+  // (|sum| <= 4 * 63 * 128, an int16) is packed to words in pairs of vectors: per 128-bit lane L,
+  // 4 sums of sub-block L (8 + L) then 4 of 4 + L (12 + L), against their scales as words
+  // (a shuffle puts scale bytes in the words' high bytes, an arithmetic shift extends them).
+  template <int C, typename Y>
+  static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
+    constexpr int8_t Z = -128;  // a shuffle index giving 0
+    alignas(64) static constexpr int8_t kScales0[64] = {
+        Z, 0, Z, 0, Z, 0, Z, 0, Z, 4, Z, 4, Z, 4, Z, 4, Z, 1, Z, 1, Z, 1, Z, 1, Z, 5, Z, 5, Z, 5, Z, 5,
+        Z, 2, Z, 2, Z, 2, Z, 2, Z, 6, Z, 6, Z, 6, Z, 6, Z, 3, Z, 3, Z, 3, Z, 3, Z, 7, Z, 7, Z, 7, Z, 7};
+    alignas(64) static constexpr int8_t kScales1[64] = {
+        Z, 8, Z, 8, Z, 8, Z, 8, Z, 12, Z, 12, Z, 12, Z, 12, Z, 9, Z, 9, Z, 9, Z, 9, Z, 13, Z, 13, Z, 13, Z, 13,
+        Z, 10, Z, 10, Z, 10, Z, 10, Z, 14, Z, 14, Z, 14, Z, 14, Z, 11, Z, 11, Z, 11, Z, 11, Z, 15, Z, 15, Z, 15, Z, 15};
+    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m512i raw = _mm512_broadcast_i32x4(scale_bytes);
+    const __m512i scales0 = _mm512_srai_epi16(_mm512_shuffle_epi8(raw, _mm512_load_si512(kScales0)), 8);
+    const __m512i scales1 = _mm512_srai_epi16(_mm512_shuffle_epi8(raw, _mm512_load_si512(kScales1)), 8);
+    const __m256i scales16 = _mm256_cvtepi8_epi16(scale_bytes);
+
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i shift_even = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shift_odd = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512i q[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(x.ql + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h)));
+      // top2 ? shifted qh : nibble (a bitwise select, 0xCA).
+      q[2 * h] = _mm512_ternarylogic_epi32(top2, _mm512_sllv_epi16(qh, shift_even), _mm512_and_si512(ql, low4), 0xCA);
+      q[2 * h + 1] = _mm512_ternarylogic_epi32(top2, _mm512_srlv_epi16(qh, shift_odd),
+                                               _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), 0xCA);
+    }
+    for (int c = 0; c < C; ++c) {
+      const Y& yb = y[c][b];
+      __m512i r[4];
+      for (int v = 0; v < 4; ++v) r[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(yb.qs + 64 * v));
+      const __m512i acc = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_packs_epi32(r[0], r[1]), scales0),
+                                              _mm512_packs_epi32(r[2], r[3]), scales1);
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb.bsums));
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 scale_j sum(qy)
+      sumi[c] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1)), offset);
+    }
+  }
+#else
   template <int C, typename Y>
   static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
@@ -97,6 +143,7 @@ struct Q6KTile {
       sumi[c] = _mm256_sub_epi32(sumi[c], offset);
     }
   }
+#endif
 };
 #endif
 
