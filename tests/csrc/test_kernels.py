@@ -197,6 +197,28 @@ def test_matmul_matches_numpy(isa, t, n_tokens):
     assert_matches_numpy(out, t, w_raw, x)
 
 
+K_QUANTS = [t for t in QUANTIZED if VEC_DOT_TYPE[t] == GGMLType.Q8_K]
+
+
+@pytest.mark.parametrize("t", K_QUANTS, ids=lambda t: TYPES[t].name)
+@pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_k_quant_decode_at_the_extremes(isa, t, fill, sign):
+    """Every quant, scale and min byte set to one pattern (0xFF: the largest quants, scales and
+    mins), against activations of one magnitude (all quantized to -127): the kernels' integer
+    sums at their largest, where a narrower intermediate would wrap or saturate."""
+    if not has_kernels(t):
+        pytest.skip(f"{TYPES[t].name} has no native kernels yet")
+    n_in, n_out = 768, 5
+    info = TYPES[t]
+    blocks = np.full((n_out * n_in // info.block_size, info.type_size), fill, np.uint8)
+    for off in SCALE_FIELDS[t]:
+        blocks[:, off:off + 2] = np.array([1 / 64], np.float16).view(np.uint8)
+    w_raw = blocks.reshape(n_out, -1)
+    x = np.full((1, n_in), sign, np.float32)
+    assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
+
+
 def assert_matches_numpy(out, t, w_raw, x):
     """out = x @ W.T with W dequantized and x through the activation format, to 2e-5 of sum |x w|."""
     n_in = x.shape[1]
