@@ -271,16 +271,29 @@ inline fvec loadv(const float* p) {
 }
 inline void storev(float* p, fvec v) { std::memcpy(p, &v, sizeof v); }
 inline fvec splat(float x) { return fvec{} + x; }
-inline float hsum(fvec v) {
+// Lane 0 after rounds w = kW / 2, ..., 1 of v[i] = op(v[i], v[i + w]) (i < w), op + or max,
+// in registers.
+template <bool Max>
+inline float hfold(fvec v) {
+#if defined(__AVX2__)
+  auto op8 = [](__m256 x, __m256 y) { return Max ? _mm256_max_ps(x, y) : _mm256_add_ps(x, y); };
+  auto op4 = [](__m128 x, __m128 y) { return Max ? _mm_max_ps(x, y) : _mm_add_ps(x, y); };
+#if defined(__AVX512F__)
+  const __m256 s8 = op8(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+#else
+  const __m256 s8 = v;
+#endif
+  __m128 s4 = op4(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = op4(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(op4(s4, _mm_movehdup_ps(s4)));
+#else
   for (int w = kW / 2; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) v[i] += v[i + w];
+    for (int i = 0; i < w; ++i) v[i] = Max ? std::max(v[i], v[i + w]) : v[i] + v[i + w];
   return v[0];
+#endif
 }
-inline float hmax(fvec v) {
-  float m = v[0];
-  for (int i = 1; i < kW; ++i) m = std::max(m, v[i]);
-  return m;
-}
+inline float hsum(fvec v) { return hfold<false>(v); }
+inline float hmax(fvec v) { return hfold<true>(v); }
 
 // exp_approx on a vector: the same range reduction and polynomial; rounding to the nearest
 // integer by adding and subtracting 1.5 * 2^23 (|x log2 e| < 2^22 after the clamp).
@@ -368,30 +381,46 @@ inline void with_cache_type(GGMLType t, F&& f) {
   }
 }
 
-// Lane i: dot(q, key i) over d elements (a multiple of kW), key i the row of type T at
-// keys + i * stride: the same products and sums whether the rows are F32 copies or the cache's own.
-template <GGMLType T>
-[[gnu::always_inline]] inline fvec key_dots(const float* q, const uint8_t* keys, size_t stride, int64_t d) {
+// Lane i: dot(q, key i) over d elements (a multiple of kW), elements c .. c + kW - 1 of key i
+// being elems(i, c): the same products and sums however the keys are stored.
+template <typename Elems>
+[[gnu::always_inline]] inline fvec key_dots(const float* q, int64_t d, Elems elems) {
   fvec acc[kW];
   for (int i = 0; i < kW; ++i) acc[i] = fvec{};
   for (int64_t c = 0; c < d; c += kW) {
     const fvec qc = loadv(q + c);
-    for (int i = 0; i < kW; ++i) acc[i] += qc * cached_elems<T>(keys + i * stride, c);
+    for (int i = 0; i < kW; ++i) acc[i] += qc * elems(i, c);
   }
   reduce_rounds<kW / 2>(acc);
   return acc[0];
 }
 
+// Key dots over kW cached rows of type T, row i at keys + i * stride.
+template <GGMLType T>
+[[gnu::always_inline]] inline fvec key_dots(const float* q, const uint8_t* keys, size_t stride, int64_t d) {
+  return key_dots(q, d, [&](int i, int64_t c) __attribute__((always_inline)) {
+    return cached_elems<T>(keys + i * stride, c);
+  });
+}
+
+// Key dots over a group of kW F32 keys packed chunk by chunk: elements c .. c + kW - 1 of key i
+// at keys + c kW + i kW, so that one pointer addresses all of a chunk's keys.
+[[gnu::always_inline]] inline fvec packed_key_dots(const float* q, const float* keys, int64_t d) {
+  return key_dots(q, d, [&](int i, int64_t c) __attribute__((always_inline)) { return loadv(keys + (c + i) * kW); });
+}
+
 // One cached row of n elements (F32, F16 or Q8_0) as floats, inline: a block converts 64 rows.
-inline void row_to_f32(GGMLType type, const uint8_t* src, float* dst, int64_t n) {
+// Elements c .. c + kW - 1 go to dst + (c / kW) chunk (chunk kW: one contiguous row).
+inline void row_to_f32(GGMLType type, const uint8_t* src, float* dst, int64_t n, int64_t chunk = kW) {
   with_cache_type(type, [&](auto t) {
     constexpr GGMLType T = decltype(t)::value;
     int64_t i = 0;
-    for (; i + kW <= n; i += kW) storev(dst + i, cached_elems<T>(src, i));
+    for (; i + kW <= n; i += kW) storev(dst + i / kW * chunk, cached_elems<T>(src, i));
+    float* tail = dst + i / kW * chunk - i;
     if constexpr (T == GGMLType::F16) {
-      for (; i < n; ++i) dst[i] = fp16_to_fp32(reinterpret_cast<const uint16_t*>(src)[i]);
+      for (; i < n; ++i) tail[i] = fp16_to_fp32(reinterpret_cast<const uint16_t*>(src)[i]);
     } else if constexpr (T == GGMLType::F32) {
-      for (; i < n; ++i) dst[i] = reinterpret_cast<const float*>(src)[i];
+      for (; i < n; ++i) tail[i] = reinterpret_cast<const float*>(src)[i];
     }  // Q8_0 rows are whole blocks, whole vectors
   });
 }
@@ -405,13 +434,19 @@ struct CachedHead {
   const uint8_t* row(int64_t j) const { return base + j * stride; }
   // KV head kvh of the sequence whose head 0 this is.
   CachedHead head(int64_t kvh) const { return {base + row_bytes(type, kvh * n), stride, type, n}; }
-  // Positions j0 .. j0 + count - 1 as F32 rows into dst (padded_head_dim(n) apart; the padding
-  // is left as it is), prefetching the block after them.
-  void load(int64_t j0, int64_t count, int64_t end, float* dst) const {
+  // Positions j0 .. j0 + count - 1 as F32 rows into dst, prefetching the block after them: rows
+  // padded_head_dim(n) apart, or packed (groups of kW keys as packed_key_dots reads them, dst a
+  // group's start). The padding is left as it is.
+  void load(int64_t j0, int64_t count, int64_t end, float* dst, bool packed = false) const {
     const int64_t row = padded_head_dim(n);
+    const size_t bytes = row_bytes(type, n);
     for (int64_t j = 0; j < count; ++j) {
-      if (j0 + j + kAttnBlock < end) __builtin_prefetch(base + (j0 + j + kAttnBlock) * stride);
-      row_to_f32(type, base + (j0 + j) * stride, dst + j * row, n);
+      if (j0 + j + kAttnBlock < end)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(base + (j0 + j + kAttnBlock) * stride + b);
+      if (packed)
+        row_to_f32(type, base + (j0 + j) * stride, dst + (j / kW * row + j % kW) * kW, n, kW * kW);
+      else
+        row_to_f32(type, base + (j0 + j) * stride, dst + j * row, n);
     }
   }
 };
@@ -426,8 +461,9 @@ CachedHead cached_rows(const KVCache& cache, bool values, int64_t seq, int64_t h
 
 // Per-thread scratch (AttentionWork): keys and values of a block, queries, scores (a row's
 // kAttnBlock apart), a segment's outputs, the merged outputs, and per row the running max, sum
-// and last rescaling of the segment and the max and sum of the merged ones. Rows of keys,
-// values, queries and outputs are padded_head_dim floats, the padding zero.
+// and last rescaling of the segment and the max and sum of the merged ones. Rows of values,
+// queries and outputs are padded_head_dim floats, the padding zero; the keys are the same rows
+// packed in groups of kW (CachedHead::load).
 struct Scratch {
   float *keys, *values, *queries, *scores, *out, *result, *stats;
   float* max() const { return stats; }  // of the current segment
@@ -585,8 +621,9 @@ __attribute__((noinline)) void attend_segment(const QueryRows& rows, const Cache
       // Groups of kW keys read in place; the others (all, or a last partial one) from F32 copies.
       const int64_t direct = in_place[run] ? nb / kW : 0;
       if (direct < groups) {
-        k.load(j0 + direct * kW, nb - direct * kW, to + 1, w.keys + direct * kW * d);
-        std::fill(w.keys + nb * d, w.keys + groups * kW * d, 0.0f);
+        k.load(j0 + direct * kW, nb - direct * kW, to + 1, w.keys + direct * kW * d, true);
+        for (int64_t j = nb; j < groups * kW; ++j)  // the last group's missing keys
+          for (int64_t c = 0; c < d; c += kW) std::fill_n(w.keys + (j / kW * d + c + j % kW) * kW, kW, 0.0f);
       }
       with_cache_type(k.type, [&](auto t) {
         constexpr GGMLType T = decltype(t)::value;
@@ -596,8 +633,7 @@ __attribute__((noinline)) void attend_segment(const QueryRows& rows, const Cache
           int64_t g = 0;
           for (; g < direct; ++g) storev(s + g * kW, key_dots<T>(q, k.row(j0 + g * kW), k.stride, d));
           for (; g < groups; ++g)
-            storev(s + g * kW, key_dots<GGMLType::F32>(q, reinterpret_cast<const uint8_t*>(w.keys + g * kW * d),
-                                                       d * sizeof(float), d));
+            storev(s + g * kW, packed_key_dots(q, w.keys + g * kW * d, d));
           softmax_block(s, groups, j0, rows.first[r], rows.last[r], scale, softcap, rows.slope[r], rows.pos[r],
                         w.max()[r], w.sum()[r], w.rescale()[r]);
           for (int64_t c = 0; c < d; ++c) w.out[r * d + c] *= w.rescale()[r];
