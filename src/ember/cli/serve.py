@@ -39,9 +39,14 @@ def cli_serve(args) -> int:
               f"{model.n_ctx} tokens, {model.n_threads} threads{activations})", file=sys.stderr, flush=True)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
-        _server_class()(config).run(sockets=[sock])
+        server = _server_class()(config)
+        server.run(sockets=[sock])
     finally:
         scheduler.stop()
+    if server.stopped_by == signal.SIGINT:
+        # Ctrl-C ends `ember serve` with 130 whether or not uvicorn's re-raise of the signal
+        # reached asyncio's runner before the serving task finished.
+        raise KeyboardInterrupt
     return 0
 
 
@@ -126,9 +131,14 @@ def _server_class():
     from ember.tokenizer.chat_template import stop_rendering
 
     class Server(uvicorn.Server):
-        """uvicorn's server; Ctrl-C (or SIGTERM) also ends the chat templates being rendered, at once."""
+        """uvicorn's server; Ctrl-C (or SIGTERM) also ends the chat templates being rendered, at once,
+        and the first signal that stopped it is kept in `stopped_by`."""
+
+        stopped_by: int | None = None
 
         def handle_exit(self, sig, frame):
+            if self.stopped_by is None:
+                self.stopped_by = sig
             stop_rendering()
             super().handle_exit(sig, frame)
 
