@@ -7,6 +7,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
+#include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_simd.h"
 #include "quants/x86/avx2_tile.h"
@@ -151,10 +152,8 @@ void register_q4(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, quantize_row_q4_1,
                                                vec_dot_q4_1_q8_1};
 #if defined(__AVX2__)
-  t.types[static_cast<int>(GGMLType::Q4_0)].vec_dot = vec_dot_tile<Q4_0Tile>;
-  t.types[static_cast<int>(GGMLType::Q4_0)].gemm_tile = gemm_tile<Q4_0Tile>;
-  t.types[static_cast<int>(GGMLType::Q4_1)].vec_dot = vec_dot_tile<Q4_1Tile>;
-  t.types[static_cast<int>(GGMLType::Q4_1)].gemm_tile = gemm_tile<Q4_1Tile>;
+  use_avx2_nibble_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);
+  use_avx2_nibble_kernels<Q4_1Tile>(t.types[static_cast<int>(GGMLType::Q4_1)]);
 #endif
 #if defined(EMBER_HAS_PANELS)
   use_avx512_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);

@@ -4,6 +4,7 @@
 
 #include "core/fp16.h"
 #include "core/kernels.h"
+#include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_simd.h"
 #include "quants/x86/avx2_tile.h"
@@ -148,11 +149,11 @@ void register_q8(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q8_1)].quantize_row = quantize_row_q8_1_avx2;
   t.types[static_cast<int>(GGMLType::Q8_0)].vec_dot = vec_dot_tile<Q8_0Tile>;
   t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
+  t.types[static_cast<int>(GGMLType::Q8_0)].pack_panel = pack_panel<block_q8_0>;
+  t.types[static_cast<int>(GGMLType::Q8_1)].pack_panel = pack_panel<block_q8_1>;
 #endif
 #if defined(EMBER_HAS_PANELS)
   use_avx512_kernels<Q8_0Tile>(t.types[static_cast<int>(GGMLType::Q8_0)]);
-  t.types[static_cast<int>(GGMLType::Q8_0)].pack_panel = pack_panel<block_q8_0>;
-  t.types[static_cast<int>(GGMLType::Q8_1)].pack_panel = pack_panel<block_q8_1>;
 #endif
 }
 

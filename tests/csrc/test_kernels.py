@@ -219,6 +219,29 @@ def test_k_quant_decode_at_the_extremes(isa, t, fill, sign):
     assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
 
 
+NIBBLE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1]
+
+
+@pytest.mark.parametrize("t", NIBBLE_TYPES, ids=lambda t: TYPES[t].name)
+@pytest.mark.parametrize("fill", [0xFF, 0x00, 0x0F])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("n_tokens", [1, 3, 16, 21])
+def test_nibble_block_sums_at_their_extremes(isa, t, fill, sign, n_tokens):
+    """Every nibble 15 (or 0, or alternating) against activations of one magnitude, all
+    quantized to +-127: the AVX2 kernels add a block's products in 16-bit lanes (16 products of
+    15 * 127 each, 30480, near the int16 limit), for decode, small batches and 16-token panels.
+    Q4_1's offset m is 0: its f16 product with Q8_1's s would blur the integer sums."""
+    n_in, n_out = 512, 11
+    info = TYPES[t]
+    blocks = np.full((n_out * n_in // info.block_size, info.type_size), fill, np.uint8)
+    blocks[:, 0:2] = np.array([1 / 64], np.float16).view(np.uint8)
+    if t == GGMLType.Q4_1:
+        blocks[:, 2:4] = 0
+    w_raw = blocks.reshape(n_out, -1)
+    x = np.full((n_tokens, n_in), sign, np.float32)
+    assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
+
+
 def assert_matches_numpy(out, t, w_raw, x):
     """out = x @ W.T with W dequantized and x through the activation format, to 2e-5 of sum |x w|."""
     n_in = x.shape[1]

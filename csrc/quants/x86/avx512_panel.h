@@ -1,13 +1,7 @@
 // AVX-512 (VNNI) kernels for the 32-weight block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL).
 //
-// Every (weight row, token) pair is summed in one order, whichever kernel computes it:
-//   S = 0; for each block b in order:  S = fma(float(isum_b), dx_b * dy_b, S)
-//   O = 0; for each block b in order:  O = fma(mx_b, sy_b, O)       (offset types only)
-//   result = S + O
-// where isum_b is the block's exact integer dot product, zero point included:
-// sum (qx - z) qy = sum qx qy - z sum qy. So a token gets the same bits alone, in a batched
-// decode step or inside a prompt, and the server's batched decode equals single decoding.
-// Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
+// Every (weight row, token) pair is summed in the one order avx2_panel.h describes, with its
+// activation panels, traits and the kernels shared with it (rows8_kernel, vec_dot_rows).
 //
 // Two shapes of lanes:
 // - rows in lanes (decode and batches of up to 8 tokens): either 16 weight rows in a 512-bit
@@ -21,10 +15,6 @@
 //   one vpdpbusd then multiplies a broadcast 4-byte group of one weight row with all 16
 //   tokens, and 8 of them give the block's 16 integer sums. The float work per block is one
 //   conversion and one FMA for 16 (row, token) pairs.
-//
-// A type plugs in through the traits of avx2_tile.h plus:
-//   unpack_unsigned(const BX&) -> __m256i   the 32 quants as unsigned bytes (Q8_0: q + 128)
-//   kZeroShift                              log2 of the zero point z, or -1 for none
 #pragma once
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define EMBER_HAS_PANELS 1
@@ -40,134 +30,12 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "core/types.h"
+#include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx2_simd.h"
 #include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
-
-// One block of a 16-token activation panel (see kernels.h: kPanelTokens, kPanelBlockBytes).
-struct PanelBlock {
-  int8_t qs[8][kPanelTokens][4];  // chunk k: token t's elements 4k .. 4k + 3
-  float d[kPanelTokens];          // the token's block scale
-  int32_t qsum[kPanelTokens];     // sum of the token's 32 quants (for the zero point)
-  float s[kPanelTokens];          // Q8_1: the block's s = d * sum(q), as stored (f16 -> f32)
-};
-static_assert(sizeof(PanelBlock) == kPanelBlockBytes, "PanelBlock");
-
-// The sum of a block's 32 activation quants.
-inline int block_sum(const int8_t* qs) {
-  return hsum_i32_8(dot_u8_i8_i32(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))));
-}
-
-// The zero-point term z sum(q) of an activation block.
-template <typename T>
-inline int zero_point_sum(const int8_t* qs) {
-  if constexpr (T::kZeroShift < 0) return 0;
-  else return block_sum(qs) << T::kZeroShift;
-}
-
-// Rows advancing together block by block are a pattern the hardware prefetcher does not follow:
-// at each block step, fetch (into L2) a share of the rows `ahead` rows on, which follow in memory.
-struct RowPrefetch {
-  size_t from, step;
-  RowPrefetch(int rows, int ahead, size_t x_stride, int64_t nb)
-      : from(ahead * x_stride), step((rows * x_stride / nb + 63) & ~size_t(63)) {}
-  void at(const uint8_t* x, int64_t b) const {
-    for (size_t line = b * step; line < (b + 1) * step; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(x) + from + line, _MM_HINT_T1);
-  }
-};
-
-// Packs n_cols (<= 16) activation rows of Q8_0 or Q8_1 blocks into one panel; the lanes of
-// missing tokens are zero.
-template <typename BY>
-void pack_panel(int64_t n, const void* vy, size_t y_stride, int n_cols, void* vpanel) {
-  const int64_t nb = n / 32;
-  PanelBlock* panel = static_cast<PanelBlock*>(vpanel);
-  const uint8_t* y = static_cast<const uint8_t*>(vy);
-  for (int64_t b = 0; b < nb; ++b) {
-    PanelBlock& p = panel[b];
-    std::memset(&p, 0, sizeof(p));
-    for (int t = 0; t < n_cols; ++t) {
-      const BY& yb = reinterpret_cast<const BY*>(y + t * y_stride)[b];
-      for (int k = 0; k < 8; ++k) std::memcpy(p.qs[k][t], yb.qs + 4 * k, 4);
-      p.d[t] = fp16_to_fp32(yb.d);
-      p.qsum[t] = block_sum(yb.qs);
-      if constexpr (std::is_same_v<BY, block_q8_1>) p.s[t] = fp16_to_fp32(yb.s);
-    }
-  }
-}
-
-// The R weight rows (rows past n_rows repeat the last one) and C activation rows of a kernel
-// with rows in lanes.
-template <typename T, int R, int C>
-struct RowsAndTokens {
-  const typename T::BX* x[R];
-  const typename T::BY* y[C];
-  RowsAndTokens(const uint8_t* vx, size_t x_stride, int n_rows, const uint8_t* vy, size_t y_stride) {
-    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const typename T::BX*>(vx + std::min(r, n_rows - 1) * x_stride);
-    for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const typename T::BY*>(vy + c * y_stride);
-  }
-};
-
-// 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens, each
-// row's per-block sums reduced across lanes.
-template <typename T, int C>
-inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                         const uint8_t* y, size_t y_stride) {
-  const RowsAndTokens<T, 8, C> rows(x, x_stride, n_rows, y, y_stride);
-  const auto &xr = rows.x, &yc = rows.y;
-  __m256 S[C], O[C];
-  for (int c = 0; c < C; ++c) S[c] = O[c] = _mm256_setzero_ps();
-  const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
-  for (int64_t b = 0; b < nb; ++b) {
-    prefetch.at(x, b);
-    __m256i qx[8];
-    for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
-    const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
-    for (int c = 0; c < C; ++c) {  // one token at a time: 8 products in registers, not 8 C
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
-      __m256i p[8];
-      for (int r = 0; r < 8; ++r) p[r] = dot_u8_i8_i32(qx[r], qy);
-      const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p), _mm256_set1_epi32(zero_point_sum<T>(yc[c][b].qs)));
-      const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].d)));
-      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
-    }
-    if constexpr (T::kOffset) {
-      const __m256 mx = f16x8([&](int i) { return xr[i][b].m; }, 8);
-      for (int c = 0; c < C; ++c) O[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].s)), O[c]);
-    }
-  }
-  for (int c = 0; c < C; ++c) {
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_add_ps(S[c], O[c]));
-    for (int r = 0; r < n_rows; ++r) out[c * out_stride + r] = sums[r];
-  }
-}
-
-// The activation scales of C tokens, block by block, for rows16t_kernel's broadcasts.
-constexpr int64_t kMaxScaleBlocks = 640;  // rows of up to 20480 weights (30 KiB for 4 tokens)
-
-template <int C>
-struct TokenScales {
-  float d[C][kMaxScaleBlocks];
-  float s[C][kMaxScaleBlocks];       // Q8_1's s
-  int32_t zero[C][kMaxScaleBlocks];  // z sum(q)
-
-  template <typename T>
-  void fill(int64_t nb, const uint8_t* y, size_t y_stride) {
-    using BY = typename T::BY;
-    for (int c = 0; c < C; ++c) {
-      const BY* row = reinterpret_cast<const BY*>(y + c * y_stride);
-      for (int64_t b = 0; b < nb; ++b) {
-        d[c][b] = fp16_to_fp32(row[b].d);
-        zero[c][b] = zero_point_sum<T>(row[b].qs);
-        if constexpr (T::kOffset) s[c][b] = fp16_to_fp32(row[b].s);
-      }
-    }
-  }
-};
 
 // acc + the dot products of w's unsigned bytes with the 4 signed bytes at g, broadcast to every
 // lane: one vpdpbusd with an embedded broadcast (the compiler keeps a separate vpbroadcastd).
@@ -285,10 +153,10 @@ inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint
 template <typename T, int C>
 inline void rows16t(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                     const uint8_t* y, size_t y_stride) {
-  TokenScales<C> ys;
-  ys.template fill<T>(nb, y, y_stride);
-  for (int r = 0; r < n_rows; r += 16)
-    rows16t_kernel<T, C>(nb, out + r, out_stride, x + r * x_stride, x_stride, std::min(16, n_rows - r), y, y_stride, ys);
+  rows_with_token_scales<T, C, 16>(nb, out, x, x_stride, n_rows, y, y_stride,
+                                   [&](float* o, const uint8_t* x16, int rows, const TokenScales<C>& ys) {
+                                     rows16t_kernel<T, C>(nb, o, out_stride, x16, x_stride, rows, y, y_stride, ys);
+                                   });
 }
 
 // The kernel table's gemm_tile: any rows x up to 8 tokens (decode and batched decode), through
@@ -321,21 +189,6 @@ void gemm_rows(int64_t n, float* out, size_t out_stride, const void* vx, size_t 
                                              y_stride);
     });
   }
-}
-
-// One row times one activation row, in the same order (the lanes of rows8_kernel, one at a time).
-template <typename T>
-void vec_dot_rows(int64_t n, float* out, const void* vx, const void* vy) {
-  const auto* x = static_cast<const typename T::BX*>(vx);
-  const auto* y = static_cast<const typename T::BY*>(vy);
-  float S = 0.0f, O = 0.0f;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    const int isum = hsum_i32_8(dot_u8_i8_i32(T::unpack_unsigned(x[b]), qy)) - zero_point_sum<T>(y[b].qs);
-    S = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), S);
-    if constexpr (T::kOffset) O = std::fma(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), O);
-  }
-  *out = S + O;
 }
 
 // R weight rows x one panel of up to 16 tokens.
@@ -381,20 +234,14 @@ inline void panel_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   }
 }
 
-// The kernel table's gemm_panel: n_rows weight rows x n_cols tokens, in consecutive panels; the
-// rows (16 at most in a matmul's call) stay in cache from one panel to the next.
+// The kernel table's gemm_panel: n_rows weight rows x n_cols tokens, in consecutive panels.
 template <typename T>
 void gemm_panel(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
                 int n_rows, int n_cols) {
-  const int64_t nb = n / 32;
-  const uint8_t* x = static_cast<const uint8_t*>(vx);
-  for_each_panel(n, panels, n_cols, [&](const uint8_t* panel, int c0, int cols) {
-    const PanelBlock* p = reinterpret_cast<const PanelBlock*>(panel);
-    float* o = out + c0 * out_stride;
-    for_each_group<8, 4, 1>(n_rows, [&](auto rows, int r) {
-      panel_kernel<T, decltype(rows)::value>(nb, o + r, out_stride, x + r * x_stride, x_stride, p, cols);
-    });
-  });
+  panels_by_row_groups<8, 4, 1>(n, out, out_stride, vx, x_stride, panels, n_rows, n_cols,
+                                [&](auto rows, int64_t nb, float* o, const uint8_t* x, const PanelBlock* p, int cols) {
+                                  panel_kernel<T, decltype(rows)::value>(nb, o, out_stride, x, x_stride, p, cols);
+                                });
 }
 
 #if defined(EMBER_ISA_amx)
