@@ -7,6 +7,7 @@
 #include "core/kernels.h"
 #include "quants/k_scales.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
 
@@ -37,6 +38,7 @@ struct Q2KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 16, kZeroShift = -1;
   static constexpr bool kMins = true;
+  static constexpr int kQuantMax = 3;  // the largest unsigned quant
   // The 256 quants (0..3) as bytes, 32 per vector in element order.
   static void quants(const BX& x, __m256i q[8]) {
     for (int h = 0; h < 2; ++h) {
@@ -145,6 +147,8 @@ void register_q2_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q2_K)].gemm_panel = k_panel_kernel_for<Q2KTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q2_K)].gemm_panel = gemm_panel_k8<Q2KTile>;
 #endif
 }
 

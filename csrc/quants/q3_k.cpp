@@ -11,6 +11,7 @@
 #include "core/kernels.h"
 #include "quants/k_scales.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
 
@@ -71,6 +72,7 @@ struct Q3KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 16, kZeroShift = 2;  // z = 4
   static constexpr bool kMins = false;
+  static constexpr int kQuantMax = 7;  // the largest unsigned quant
   // The 256 values of u (0..7) as bytes, 32 per vector in element order.
   static void quants(const BX& x, __m256i q[8]) {
     const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
@@ -188,6 +190,8 @@ void register_q3_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q3_K)].gemm_panel = k_panel_kernel_for<Q3KTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q3_K)].gemm_panel = gemm_panel_k8<Q3KTile>;
 #endif
 }
 

@@ -10,6 +10,7 @@
 #include "core/kernels.h"
 #include "quants/k_scales.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
 
@@ -67,6 +68,7 @@ struct Q4KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 32, kZeroShift = -1;
   static constexpr bool kMins = true;
+  static constexpr int kQuantMax = 15;  // the largest unsigned quant
   // The 256 quants (0..15) as bytes, sub-block s in q[s].
   static void quants(const BX& x, __m256i q[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -225,6 +227,8 @@ void register_q4_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q4_K)].gemm_panel = k_panel_kernel_for<Q4KTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q4_K)].gemm_panel = gemm_panel_k8<Q4KTile>;
 #endif
 }
 

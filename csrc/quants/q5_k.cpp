@@ -8,6 +8,7 @@
 #include "core/kernels.h"
 #include "quants/k_scales.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
 
@@ -44,6 +45,7 @@ struct Q5KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 32, kZeroShift = -1;
   static constexpr bool kMins = true;
+  static constexpr int kQuantMax = 31;  // the largest unsigned quant
   // The 256 quants (0..31) as bytes, sub-block s in q[s].
   static void quants(const BX& x, __m256i q[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
@@ -143,6 +145,8 @@ void register_q5_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q5_K)].gemm_panel = k_panel_kernel_for<Q5KTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q5_K)].gemm_panel = gemm_panel_k8<Q5KTile>;
 #endif
 }
 

@@ -8,6 +8,7 @@
 #include "core/kernels.h"
 #include "quants/k_scales.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
 
@@ -54,6 +55,7 @@ struct Q6KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 16, kZeroShift = 5;  // z = 32
   static constexpr bool kMins = false;
+  static constexpr int kQuantMax = 63;  // the largest unsigned quant
   // The 256 quants (0..63) as bytes, 32 per vector in element order.
   static void quants(const BX& x, __m256i q[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
@@ -226,6 +228,8 @@ void register_q6_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q6_K)].gemm_panel = k_panel_kernel_for<Q6KTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q6_K)].gemm_panel = gemm_panel_k8<Q6KTile>;
 #endif
 }
 

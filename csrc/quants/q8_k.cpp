@@ -6,6 +6,7 @@
 
 #include "core/kernels.h"
 #include "quants/x86/avx2_simd.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx512_k_panel.h"
 
 namespace ember {
@@ -111,6 +112,8 @@ void register_q8_k(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q8_K)].pack_panel = pack_panel_k;
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  t.types[static_cast<int>(GGMLType::Q8_K)].pack_panel = pack_panel_k8;
 #endif
 }
 

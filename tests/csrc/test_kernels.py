@@ -203,10 +203,12 @@ K_QUANTS = [t for t in QUANTIZED if VEC_DOT_TYPE[t] == GGMLType.Q8_K]
 @pytest.mark.parametrize("t", K_QUANTS, ids=lambda t: TYPES[t].name)
 @pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_k_quant_decode_at_the_extremes(isa, t, fill, sign):
+@pytest.mark.parametrize("n_tokens", [1, 20])
+def test_k_quant_kernels_at_the_extremes(isa, t, fill, sign, n_tokens):
     """Every quant, scale and min byte set to one pattern (0xFF: the largest quants, scales and
     mins), against activations of one magnitude (all quantized to -127): the kernels' integer
-    sums at their largest, where a narrower intermediate would wrap or saturate."""
+    sums at their largest, where a narrower intermediate would wrap or saturate. One token (the
+    decode kernels) and 20 (a prompt: a full panel of 16 and a partial one)."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
     n_in, n_out = 768, 5
@@ -215,7 +217,7 @@ def test_k_quant_decode_at_the_extremes(isa, t, fill, sign):
     for off in SCALE_FIELDS[t]:
         blocks[:, off:off + 2] = np.array([1 / 64], np.float16).view(np.uint8)
     w_raw = blocks.reshape(n_out, -1)
-    x = np.full((1, n_in), sign, np.float32)
+    x = np.full((n_tokens, n_in), sign, np.float32)
     assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
 
 
