@@ -1,6 +1,7 @@
-"""GGUF files at the shapes of real small models of the dense families (Qwen3, Gemma 2, Phi-3,
-Granite, OLMo 2, StarCoder2), random weights and a real vocabulary, for `ember bench` beside
-llama-bench on the same file (compare_llamacpp.py --models takes their paths).
+"""GGUF files at the shapes of real small models of the dense families (Llama 3.2, Mistral, Qwen3,
+Gemma 2, Phi-3, Phi-2, Granite, OLMo 2, StarCoder2, SmolLM3, StableLM 2, GLM-4), random weights and
+a real vocabulary, for `ember bench` beside llama-bench on the same file (compare_llamacpp.py
+--models takes their paths).
 
     python benchmarks/family_synthetic.py [--models qwen3-0.6b,gemma2-2b,...] [--types Q4_K_M,Q8_0]
         [--out DIR] [--vocab-dir DIR] [-t THREADS] [--seed 0] [--force]
@@ -17,8 +18,8 @@ values; quantizing every row would take minutes per file on a busy machine).
 
 The vocabulary (every tokenizer.* key) is copied from a GGUF file: the family's own where
 llama.cpp's source tree carries it as a vocabulary-only file (--vocab-dir: its models/ folder;
-Phi-3's ggml-vocab-phi-3.gguf, StarCoder's ggml-vocab-starcoder.gguf), else a registry model's
-of about the family's size. The embedding and output have as many rows as that vocabulary.
+Phi-3's ggml-vocab-phi-3.gguf, StarCoder's ggml-vocab-starcoder.gguf, Llama 3's ggml-vocab-llama-bpe.gguf),
+else another of about the family's size. The embedding and output have as many rows as that vocabulary.
 Files go to --out (default: $EMBER_HOME/synthetic), named MODEL-TYPE.gguf.
 """
 
@@ -74,6 +75,34 @@ MODELS = {
         "num_key_value_heads": 2, "max_position_embeddings": 16384, "sliding_window": 4096, "norm_epsilon": 1e-5,
         "rope_theta": 999999.4420358813, "use_bias": True, "tie_word_embeddings": True},
         ["ggml-vocab-starcoder.gguf", "smollm2-135m"]),
+    "llama3.2-1b": ("LlamaForCausalLM", {
+        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": True}, ["ggml-vocab-llama-bpe.gguf", "qwen2.5-coder-0.5b"]),
+    "mistral-7b": ("MistralForCausalLM", {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "max_position_embeddings": 32768, "sliding_window": 4096, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": False}, ["ggml-vocab-llama-spm.gguf", "smollm2-135m"]),
+    "smollm3-3b": ("SmolLM3ForCausalLM", {
+        "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
+        "no_rope_layer_interval": 4, "tie_word_embeddings": True}, ["ggml-vocab-llama-bpe.gguf", "qwen2.5-coder-0.5b"]),
+    "stablelm-2-1.6b": ("StableLmForCausalLM", {
+        "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "layer_norm_eps": 1e-5, "use_qkv_bias": True,
+        "qk_layernorm": False, "use_parallel_residual": False, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False}, ["ggml-vocab-deepseek-llm.gguf", "qwen2.5-coder-0.5b"]),
+    "phi2": ("PhiForCausalLM", {
+        "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "partial_rotary_factor": 0.4, "layer_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 2048, "tie_word_embeddings": False}, ["ggml-vocab-gpt-2.gguf", "smollm2-135m"]),
+    "glm4-9b": ("Glm4ForCausalLM", {
+        "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+        "num_key_value_heads": 2, "head_dim": 128, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 32768, "attention_bias": True, "tie_word_embeddings": False},
+        ["ggml-vocab-qwen2.gguf", "qwen2.5-coder-0.5b"]),
 }
 
 
