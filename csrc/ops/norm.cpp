@@ -9,6 +9,22 @@ namespace EMBER_ISA_NS {
 
 namespace {
 
+// Sums of f(x[c]) in double, c < n, in kLanes independent partial sums (lane c % kLanes) added
+// at the end: the lanes are independent, so the compiler keeps them in vector registers instead
+// of one serial chain of additions.
+constexpr int kLanes = 8;
+template <typename F>
+inline double lane_sum(const float* x, int64_t n, F f) {
+  double lanes[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += f(x[c + j]);
+  for (int j = 0; c < n; ++c, ++j) lanes[j] += f(x[c]);
+  double sum = 0.0;
+  for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+  return sum;
+}
+
 // Returns the weight row for a node's optional weight source k (nullptr when absent).
 const float* optional_vector(const ExecContext& ctx, const Node& n, int k) {
   return n.src[k] >= 0 ? operand_row(ctx, src_tensor(ctx, n, k), 0) : nullptr;
@@ -26,8 +42,7 @@ void op_rms_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
     const float* x = operand_row(ctx, in, r);
     float* y = row_f32(ctx, out, r);
     for (int64_t g0 = 0; g0 < out.ne0; g0 += group) {
-      double sum = 0.0;
-      for (int64_t c = 0; c < group; ++c) sum += static_cast<double>(x[g0 + c]) * x[g0 + c];
+      const double sum = lane_sum(x + g0, group, [](float v) { return static_cast<double>(v) * v; });
       const float scale = 1.0f / std::sqrt(static_cast<float>(sum / group) + eps);
       if (w) {
         for (int64_t c = 0; c < group; ++c) y[g0 + c] = x[g0 + c] * scale * w[c];
@@ -49,11 +64,8 @@ void op_layer_norm(const Node& n, ExecContext& ctx, int ith, int nth) {
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     const float* x = operand_row(ctx, in, r);
     float* y = row_f32(ctx, out, r);
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) sum += x[c];
-    const float mean = static_cast<float>(sum / cols);
-    double var = 0.0;
-    for (int64_t c = 0; c < cols; ++c) var += static_cast<double>(x[c] - mean) * (x[c] - mean);
+    const float mean = static_cast<float>(lane_sum(x, cols, [](float v) { return static_cast<double>(v); }) / cols);
+    const double var = lane_sum(x, cols, [mean](float v) { return static_cast<double>(v - mean) * (v - mean); });
     const float scale = 1.0f / std::sqrt(static_cast<float>(var / cols) + eps);
     for (int64_t c = 0; c < cols; ++c) {
       float v = (x[c] - mean) * scale;
