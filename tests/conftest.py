@@ -1,6 +1,7 @@
 """Test-wide setup. Runs before any test module imports ember."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # models.parity from (the engine's and the encoders' tests take its randomize)
 sys.path.insert(1, str(Path(__file__).resolve().parent / "models"))
 
+# Tests press Ctrl-C at programs they start (a chat at a pseudo-terminal, a server). A test run
+# started in the background of a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored,
+# and its children would inherit that too and never see the Ctrl-C; a person's terminal starts a
+# foreground program with SIGINT at its default, so the children here start that way: Python's
+# handler in this process becomes the default action in every program it executes.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402  (after the environment above: importing the core reads it)
 

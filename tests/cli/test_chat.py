@@ -156,14 +156,7 @@ def test_a_person_at_a_terminal_chats_stops_a_reply_and_leaves():
     term.type("long\n")
     term.expect(r"(la ){5}")
     term.type("\x03")  # Ctrl-C
-    try:
-        term.expect(r"\(stopped\)", timeout=5)
-    except AssertionError:
-        # Seen once in about fifty runs on a loaded machine and never reproduced: the pty's
-        # Ctrl-C was neither echoed nor delivered. A person presses it again; the reply, 20 s of
-        # "la ", is still running, so a stop must still come.
-        term.type("\x03")
-        term.expect(r"\(stopped\)")
+    term.expect(r"\(stopped\)")
     term.expect(r"> ")
     term.type("again\n")
     term.expect(r"You said: again")
