@@ -97,6 +97,47 @@ void quantize_row_q8_k_avx2(const float* src, void* dst, int64_t n) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same quantizer 16 values a vector, each vector one of the sums of 16: the largest magnitude
+// and its first element as above, the products rounded by vcvtps2dq, capped at 127 and narrowed to
+// their low bytes by vpmovdb (the scalar int -> int8_t conversion), each sum taken over those bytes.
+void quantize_row_q8_k_avx512(const float* src, void* dst, int64_t n) {
+  block_q8_K* y = static_cast<block_q8_K*>(dst);
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const float* x = src + b * QK_K;
+    __m512 amax16 = _mm512_setzero_ps();
+    for (int j = 0; j < QK_K; j += 16) amax16 = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + j)), amax16);
+    const float amax = _mm512_reduce_max_ps(amax16);
+    if (amax == 0.0f) {
+      y[b] = block_q8_K{};
+      continue;
+    }
+    float max = amax;
+    const __m512 target = _mm512_set1_ps(amax);
+    for (int j = 0; j < QK_K; j += 16) {
+      const __mmask16 hits = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + j)), target, _CMP_EQ_OQ);
+      if (hits) {
+        max = x[j + __builtin_ctz(static_cast<unsigned>(hits))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 vscale = _mm512_set1_ps(iscale);
+    const __m512i top = _mm512_set1_epi32(127);
+    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
+    for (int j = 0; j < QK_K; j += 16) {
+      const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(vscale, _mm512_loadu_ps(x + j)));
+      const __m128i q = _mm512_cvtepi32_epi8(_mm512_min_epi32(r, top));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + j), q);
+      // The sum of the 16 bytes as q + 128 (vpsadbw over two halves of 8).
+      const __m128i sad = _mm_sad_epu8(_mm_xor_si128(q, bias), _mm_setzero_si128());
+      y[b].bsums[j / 16] = static_cast<int16_t>(_mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1) - 2048);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+#endif
+
 void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
   const block_q8_K* x = static_cast<const block_q8_K*>(src);
   for (int64_t b = 0; b < n / QK_K; ++b)
@@ -109,6 +150,9 @@ void register_q8_k(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q8_K)] = {GGMLType::Q8_K, dequantize_row_q8_k, quantize_row_q8_k, nullptr};
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q8_K)].quantize_row = quantize_row_q8_k_avx2;
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  t.types[static_cast<int>(GGMLType::Q8_K)].quantize_row = quantize_row_q8_k_avx512;
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   t.types[static_cast<int>(GGMLType::Q8_K)].pack_panel = pack_panel_k;
