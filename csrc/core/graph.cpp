@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <tuple>
 
 #include <sys/mman.h>
 
@@ -210,6 +211,31 @@ size_t Graph::node_work_size(const Node& n) const {
   }
 }
 
+int32_t Graph::converted_input_source(size_t ni) const {
+  const Node& n = nodes_[ni];
+  if (n.op != Op::MatMul) return -1;
+  auto conversion = [&](const Node& m) {  // (vec_dot_type, whether panels follow the rows)
+    const GGMLType t = tensors_[m.src[0]].type;
+    const TypeKernels& tk = kernels_->of(t);
+    const bool converts = !dequantizes(t) && tk.vec_dot_type != GGMLType::F32;
+    return std::make_tuple(converts, tk.vec_dot_type, tk.gemm_panel != nullptr);
+  };
+  const auto mine = conversion(n);
+  if (!std::get<0>(mine)) return -1;
+  const int32_t x = n.src[1];
+  const int32_t x_root = tensors_[x].alias_of >= 0 ? tensors_[x].alias_of : x;
+  // Back over the nodes since the input's last write, a few at most (the projections of one
+  // input are adjacent, or apart by a bias or a norm).
+  for (size_t back = 1; back <= 8 && back <= ni; ++back) {
+    const Node& m = nodes_[ni - back];
+    const int32_t out_root = tensors_[m.out].alias_of >= 0 ? tensors_[m.out].alias_of : m.out;
+    if (out_root == x_root) return -1;
+    if (m.op == Op::MatMul && m.src[1] == x && conversion(m) == mine)
+      return m.input_from >= 0 ? m.input_from : static_cast<int32_t>(ni - back);
+  }
+  return -1;
+}
+
 void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t n_seq, GGMLType k_type,
                  GGMLType v_type) {
   if (output_ < 0) throw std::invalid_argument("graph has no output");
@@ -232,6 +258,23 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
   int32_t out_root = tensors_[output_].alias_of >= 0 ? tensors_[output_].alias_of : output_;
   last_use[out_root] = static_cast<int64_t>(nodes_.size());
 
+  // Matmuls that read an earlier one's converted input keep that scratch alive until they run,
+  // and the first one's scratch is sized for the largest of them.
+  std::vector<int64_t> work_until(nodes_.size());
+  std::vector<size_t> work_size(nodes_.size());
+  for (size_t ni = 0; ni < nodes_.size(); ++ni) {
+    Node& n = nodes_[ni];
+    work_until[ni] = static_cast<int64_t>(ni);
+    n.work_size = node_work_size(n);
+    n.input_from = -1;
+    n.input_from = converted_input_source(ni);
+    if (n.input_from >= 0) {
+      work_until[n.input_from] = static_cast<int64_t>(ni);
+      work_size[n.input_from] = std::max(work_size[n.input_from], n.work_size);
+    }
+    work_size[ni] = std::max(work_size[ni], n.work_size);
+  }
+
   std::vector<Block> live;
   size_t total = 0;
   for (size_t ni = 0; ni < nodes_.size(); ++ni) {
@@ -245,10 +288,12 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
     // An output nobody reads still needs its memory during its own node.
     live.push_back({t.arena_offset, size, std::max<int64_t>(last_use[n.out], idx)});
     total = std::max(total, t.arena_offset + size);
-    n.work_size = node_work_size(n);
-    if (n.work_size) {
+    if (n.input_from >= 0) {
+      n.work_offset = nodes_[n.input_from].work_offset;  // kept live by that node's block
+    } else if (n.work_size) {
+      n.work_size = work_size[ni];
       n.work_offset = place(live, n.work_size);
-      live.push_back({n.work_offset, n.work_size, idx});
+      live.push_back({n.work_offset, n.work_size, work_until[ni]});
       total = std::max(total, n.work_offset + n.work_size);
     }
   }

@@ -80,6 +80,10 @@ struct Node {
   NodeParams params;          // of the type EMBER_OPS gives the op
   size_t work_offset = 0;     // scratch in the arena for this node
   size_t work_size = 0;
+  // MatMul: an earlier MatMul of the same input, converted to the same vec_dot_type into the
+  // same scratch layout, whose scratch this node reads instead of converting again (Q, K and V;
+  // gate and up); -1 when the node converts its own input.
+  int32_t input_from = -1;
   template <typename P>
   const P& as() const { return std::get<P>(params); }
 };
@@ -235,6 +239,8 @@ class Graph {
  private:
   size_t max_bytes(const Tensor& t) const;
   size_t node_work_size(const Node& n) const;
+  // The MatMul whose converted input node `ni` can read (the rule at Node::input_from), or -1.
+  int32_t converted_input_source(size_t ni) const;
   void check_kv_types(GGMLType k_type, GGMLType v_type) const;
   static void run_task(void* arg, int ith, int nth);
 

@@ -111,20 +111,26 @@ void op_matmul(const Node& n, ExecContext& ctx, int ith, int nth) {
                              ctx.graph->weight_or_data(x, ctx.arena), x.row_stride, M, out, out_stride, rows_f32);
   }
 
+  // An earlier matmul of the same input may have left it converted (and packed) in this scratch.
+  const bool converted = n.input_from >= 0;
   const uint8_t* act = ctx.graph->weight_or_data(x, ctx.arena);
   size_t act_stride = x.row_stride;
   if (tk.vec_dot_type != GGMLType::F32) {
     const size_t stride = align_up(row_bytes(tk.vec_dot_type, K));
     uint8_t* work = ctx.arena + n.work_offset;
-    quantize_activations(ctx, x, tk.vec_dot_type, K, M, work, stride, ith, nth);
-    ctx.barrier();
+    if (!converted) {
+      quantize_activations(ctx, x, tk.vec_dot_type, K, M, work, stride, ith, nth);
+      ctx.barrier();
+    }
     act = work;
     act_stride = stride;
   }
   if (uses_panels(tk, M)) {
     uint8_t* panels = ctx.arena + n.work_offset + M * act_stride;  // after the quantized rows
-    pack_panels(*ctx.kernels, tk.vec_dot_type, K, act, act_stride, M, panels, ith, nth);
-    ctx.barrier();
+    if (!converted) {
+      pack_panels(*ctx.kernels, tk.vec_dot_type, K, act, act_stride, M, panels, ith, nth);
+      ctx.barrier();
+    }
     return matmul_panel_rows(tk, K, weights, w.row_stride, rows, panels, M, out, out_stride);
   }
   matmul_tiles(tk, K, weights, w.row_stride, rows, act, act_stride, M, out, out_stride);

@@ -258,6 +258,51 @@ def test_matmul_over_more_rows_than_planned_tokens():
     assert np.all(np.abs(out - expected) <= tolerance)
 
 
+def test_matmuls_of_one_input_give_the_bits_each_gives_alone(isa):
+    """Matmuls of one input share its conversion to their vec_dot_type (Q, K and V; gate and up).
+    Here Q4_K, Q6_K and a later Q4_K over Q8_K with a Q8_0 matmul and a node between them, and
+    two matmuls of a second input (a norm of the first plus it); every node runs whichever one
+    is the output. Each equals the same matmul alone in its own graph, at a batch of one token
+    (decode), one below the panel size and one of several panels."""
+    n_in, planned = 256, 40
+    specs = [(GGMLType.Q4_K, 24, "x"), (GGMLType.Q6_K, 8, "x"), (GGMLType.Q8_0, 16, "x"),
+             (GGMLType.Q5_K, 16, "y"), (GGMLType.Q4_K, 32, "x"), (GGMLType.Q6_K, 8, "y")]
+    raws = [_core.quantize_row(int(t), random_rows(n, n_in, seed=20 + i).reshape(-1) / 16) for i, (t, n, _) in enumerate(specs)]
+    x = random_rows(planned, n_in, seed=30)
+    norm = np.linspace(0.5, 1.5, n_in)
+
+    def second_input(g, h):
+        return g.add(g.rms_norm(h, vector(g, norm)), h)
+
+    def graph(output):
+        g = _core.Graph(2)
+        h = g.input(n_in)
+        inputs = {"x": h, "y": second_input(g, h)}
+        outs = []
+        for (t, n, name), raw in zip(specs, raws):
+            outs.append(g.matmul(g.weight(int(t), n_in, n, raw), inputs[name]))
+            if len(outs) == 1:
+                outs[0] = g.scale(outs[0], 1.0)  # a node between two projections of x
+        g.set_output(outs[output])
+        g.plan(planned, planned, planned)
+        return g
+
+    def alone(i):
+        t, n, name = specs[i]
+        g = _core.Graph(2)
+        h = g.input(n_in)
+        g.set_output(g.matmul(g.weight(int(t), n_in, n, raws[i]), second_input(g, h) if name == "y" else h))
+        g.plan(planned, planned, planned)
+        return g
+
+    for i in range(len(specs)):
+        shared, single = graph(i), alone(i)
+        for n_tokens in (1, 15, planned):
+            got = shared.run(*batch(n_tokens), [x[:n_tokens]])
+            assert got.shape == (n_tokens, specs[i][1]) and got.std() > 0
+            np.testing.assert_array_equal(got, single.run(*batch(n_tokens), [x[:n_tokens]]))
+
+
 # -- KV cache ----------------------------------------------------------------------------------
 
 def test_kv_size_is_f16_k_and_v_per_layer_sequence_and_position():
