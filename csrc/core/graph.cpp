@@ -100,7 +100,7 @@ int32_t Graph::add_view(int32_t src, int64_t col_offset, int64_t n_cols) {
   if (col_offset < 0 || n_cols <= 0 || col_offset + n_cols > s.ne0) throw std::invalid_argument("view out of range");
   Tensor t = s;
   t.ne0 = n_cols;
-  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.alias_of = root_of(src);
   t.alias_offset = s.alias_offset + static_cast<size_t>(col_offset) * sizeof(float);
   t.producer = -1;
   tensors_.push_back(t);
@@ -130,7 +130,7 @@ int32_t Graph::add_reshape(int32_t src, int64_t new_ne0) {
   t.row_split = per_base / new_ne0;
   t.row_stride = static_cast<size_t>(new_ne0) * sizeof(float);
   t.base_stride = static_cast<size_t>(per_base) * sizeof(float);
-  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.alias_of = root_of(src);
   t.producer = -1;
   tensors_.push_back(t);
   return static_cast<int32_t>(tensors_.size() - 1);
@@ -142,7 +142,7 @@ int32_t Graph::add_permute(int32_t src) {
   if (s.row_split == 1) throw std::invalid_argument("permute: reshape the rows into (token, sub-row) first");
   Tensor t = s;
   t.h_major = !s.h_major;
-  t.alias_of = s.alias_of >= 0 ? s.alias_of : src;
+  t.alias_of = root_of(src);
   t.producer = -1;
   tensors_.push_back(t);
   return static_cast<int32_t>(tensors_.size() - 1);
@@ -223,13 +223,12 @@ int32_t Graph::converted_input_source(size_t ni) const {
   const auto mine = conversion(n);
   if (!std::get<0>(mine)) return -1;
   const int32_t x = n.src[1];
-  const int32_t x_root = tensors_[x].alias_of >= 0 ? tensors_[x].alias_of : x;
+  const int32_t x_root = root_of(x);
   // Back over the nodes since the input's last write, a few at most (the projections of one
   // input are adjacent, or apart by a bias or a norm).
   for (size_t back = 1; back <= 8 && back <= ni; ++back) {
     const Node& m = nodes_[ni - back];
-    const int32_t out_root = tensors_[m.out].alias_of >= 0 ? tensors_[m.out].alias_of : m.out;
-    if (out_root == x_root) return -1;
+    if (root_of(m.out) == x_root) return -1;
     if (m.op == Op::MatMul && m.src[1] == x && conversion(m) == mine)
       return m.input_from >= 0 ? m.input_from : static_cast<int32_t>(ni - back);
   }
@@ -251,28 +250,24 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
   for (size_t ni = 0; ni < nodes_.size(); ++ni) {
     for (int32_t s : nodes_[ni].src) {
       if (s < 0) continue;
-      int32_t root = tensors_[s].alias_of >= 0 ? tensors_[s].alias_of : s;
-      last_use[root] = std::max<int64_t>(last_use[root], static_cast<int64_t>(ni));
+      last_use[root_of(s)] = std::max<int64_t>(last_use[root_of(s)], static_cast<int64_t>(ni));
     }
   }
-  int32_t out_root = tensors_[output_].alias_of >= 0 ? tensors_[output_].alias_of : output_;
-  last_use[out_root] = static_cast<int64_t>(nodes_.size());
+  last_use[root_of(output_)] = static_cast<int64_t>(nodes_.size());
 
   // Matmuls that read an earlier one's converted input keep that scratch alive until they run,
   // and the first one's scratch is sized for the largest of them.
   std::vector<int64_t> work_until(nodes_.size());
-  std::vector<size_t> work_size(nodes_.size());
   for (size_t ni = 0; ni < nodes_.size(); ++ni) {
     Node& n = nodes_[ni];
     work_until[ni] = static_cast<int64_t>(ni);
     n.work_size = node_work_size(n);
-    n.input_from = -1;
     n.input_from = converted_input_source(ni);
     if (n.input_from >= 0) {
+      Node& first = nodes_[n.input_from];
       work_until[n.input_from] = static_cast<int64_t>(ni);
-      work_size[n.input_from] = std::max(work_size[n.input_from], n.work_size);
+      first.work_size = std::max(first.work_size, n.work_size);
     }
-    work_size[ni] = std::max(work_size[ni], n.work_size);
   }
 
   std::vector<Block> live;
@@ -291,7 +286,6 @@ void Graph::plan(int64_t max_tokens, int64_t max_outputs, int64_t n_ctx, int64_t
     if (n.input_from >= 0) {
       n.work_offset = nodes_[n.input_from].work_offset;  // kept live by that node's block
     } else if (n.work_size) {
-      n.work_size = work_size[ni];
       n.work_offset = place(live, n.work_size);
       live.push_back({n.work_offset, n.work_size, work_until[ni]});
       total = std::max(total, n.work_offset + n.work_size);

@@ -239,6 +239,8 @@ class Graph {
  private:
   size_t max_bytes(const Tensor& t) const;
   size_t node_work_size(const Node& n) const;
+  // The tensor whose memory tensor `id` is: itself, or the one a view aliases.
+  int32_t root_of(int32_t id) const { return tensors_[id].alias_of >= 0 ? tensors_[id].alias_of : id; }
   // The MatMul whose converted input node `ni` can read (the rule at Node::input_from), or -1.
   int32_t converted_input_source(size_t ni) const;
   void check_kv_types(GGMLType k_type, GGMLType v_type) const;

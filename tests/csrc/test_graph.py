@@ -267,7 +267,8 @@ def test_matmuls_of_one_input_give_the_bits_each_gives_alone(isa):
     n_in, planned = 256, 40
     specs = [(GGMLType.Q4_K, 24, "x"), (GGMLType.Q6_K, 8, "x"), (GGMLType.Q8_0, 16, "x"),
              (GGMLType.Q5_K, 16, "y"), (GGMLType.Q4_K, 32, "x"), (GGMLType.Q6_K, 8, "y")]
-    raws = [_core.quantize_row(int(t), random_rows(n, n_in, seed=20 + i).reshape(-1) / 16) for i, (t, n, _) in enumerate(specs)]
+    raws = [_core.quantize_row(int(t), random_rows(n, n_in, seed=20 + i).reshape(-1) / 16)
+            for i, (t, n, _) in enumerate(specs)]
     x = random_rows(planned, n_in, seed=30)
     norm = np.linspace(0.5, 1.5, n_in)
 
