@@ -87,10 +87,7 @@ struct Q4_0Tile {
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
   static constexpr int kZeroShift = 3;  // z = 8
-  static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
-  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
-  static __m256i y_sums(__m256i qy) { return zero_point_sums(qy, 8); }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i ys) { return dot_offset_u8_i8_f32(qx, qy, ys); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack_nibbles_32(b.qs); }
 };
 
 struct Q4_1Tile {
@@ -98,10 +95,7 @@ struct Q4_1Tile {
   using BY = block_q8_1;
   static constexpr bool kOffset = true;
   static constexpr int kZeroShift = -1;
-  static __m256i unpack(const BX& b) { return unpack_nibbles_32(b.qs); }
-  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
-  static __m256i y_sums(__m256i qy) { return qy; }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_u8_i8_f32(qx, qy); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack_nibbles_32(b.qs); }
 };
 #endif
 
@@ -152,8 +146,8 @@ void register_q4(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q4_1)] = {GGMLType::Q8_1, dequantize_row_q4_1, quantize_row_q4_1,
                                                vec_dot_q4_1_q8_1};
 #if defined(__AVX2__)
-  use_avx2_nibble_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);
-  use_avx2_nibble_kernels<Q4_1Tile>(t.types[static_cast<int>(GGMLType::Q4_1)]);
+  use_avx2_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);
+  use_avx2_kernels<Q4_1Tile>(t.types[static_cast<int>(GGMLType::Q4_1)]);
 #endif
 #if defined(EMBER_HAS_PANELS)
   use_avx512_kernels<Q4_0Tile>(t.types[static_cast<int>(GGMLType::Q4_0)]);

@@ -10,6 +10,7 @@
 #include "core/fp16.h"
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
+#include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_simd.h"
 #include "quants/x86/avx2_tile.h"
@@ -103,10 +104,7 @@ struct Q5_0Tile {
   using BY = block_q8_0;
   static constexpr bool kOffset = false;
   static constexpr int kZeroShift = 4;  // z = 16
-  static __m256i unpack(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
-  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
-  static __m256i y_sums(__m256i qy) { return zero_point_sums(qy, 16); }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i ys) { return dot_offset_u8_i8_f32(qx, qy, ys); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
 };
 
 struct Q5_1Tile {
@@ -114,10 +112,7 @@ struct Q5_1Tile {
   using BY = block_q8_1;
   static constexpr bool kOffset = true;
   static constexpr int kZeroShift = -1;
-  static __m256i unpack(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
-  static __m256i unpack_unsigned(const BX& b) { return unpack(b); }
-  static __m256i y_sums(__m256i qy) { return qy; }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_u8_i8_f32(qx, qy); }
+  static __m256i unpack_unsigned(const BX& b) { return unpack_q5_32(b.qh, b.qs); }
 };
 #endif
 
@@ -174,10 +169,8 @@ void register_q5(KernelTable& t) {
   t.types[static_cast<int>(GGMLType::Q5_1)] = {GGMLType::Q8_1, dequantize_row_q5_1, quantize_row_q5_1,
                                                vec_dot_q5_1_q8_1};
 #if defined(__AVX2__)
-  t.types[static_cast<int>(GGMLType::Q5_0)].vec_dot = vec_dot_tile<Q5_0Tile>;
-  t.types[static_cast<int>(GGMLType::Q5_0)].gemm_tile = gemm_tile<Q5_0Tile>;
-  t.types[static_cast<int>(GGMLType::Q5_1)].vec_dot = vec_dot_tile<Q5_1Tile>;
-  t.types[static_cast<int>(GGMLType::Q5_1)].gemm_tile = gemm_tile<Q5_1Tile>;
+  use_avx2_kernels<Q5_0Tile>(t.types[static_cast<int>(GGMLType::Q5_0)]);
+  use_avx2_kernels<Q5_1Tile>(t.types[static_cast<int>(GGMLType::Q5_1)]);
 #endif
 #if defined(EMBER_HAS_PANELS)
   use_avx512_kernels<Q5_0Tile>(t.types[static_cast<int>(GGMLType::Q5_0)]);

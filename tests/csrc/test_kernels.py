@@ -221,23 +221,25 @@ def test_k_quant_kernels_at_the_extremes(isa, t, fill, sign, n_tokens):
     assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
 
 
-NIBBLE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1]
+BLOCK_32_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
 
 
-@pytest.mark.parametrize("t", NIBBLE_TYPES, ids=lambda t: TYPES[t].name)
-@pytest.mark.parametrize("fill", [0xFF, 0x00, 0x0F])
+@pytest.mark.parametrize("t", BLOCK_32_TYPES, ids=lambda t: TYPES[t].name)
+@pytest.mark.parametrize("fill", [0xFF, 0x00, 0x0F, 0x7F, 0x80])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize("n_tokens", [1, 3, 16, 21])
-def test_nibble_block_sums_at_their_extremes(isa, t, fill, sign, n_tokens):
-    """Every nibble 15 (or 0, or alternating) against activations of one magnitude, all
-    quantized to +-127: the AVX2 kernels add a block's products in 16-bit lanes (16 products of
-    15 * 127 each, 30480, near the int16 limit), for decode, small batches and 16-token panels.
-    Q4_1's offset m is 0: its f16 product with Q8_1's s would blur the integer sums."""
+def test_16_bit_block_sums_at_their_extremes(isa, t, fill, sign, n_tokens):
+    """Every quant byte one pattern (0xFF: every Q4 nibble 15, every Q5 quant 31, Q8_0's -1;
+    0x7F and 0x80: Q8_0's 127 and -128) against activations of one magnitude, all quantized to
+    +-127: the AVX2 kernels add products in 16-bit lanes up to near the int16 limit (16 products
+    of 15 * 127, 30480; Q5's 8 products of 31 * 127, 31496; Q8_0's pairs of 128 * 127), for
+    decode, small batches and 16-token panels. The offset m of Q4_1 and Q5_1 is 0: its f16
+    product with Q8_1's s would blur the integer sums."""
     n_in, n_out = 512, 11
     info = TYPES[t]
     blocks = np.full((n_out * n_in // info.block_size, info.type_size), fill, np.uint8)
     blocks[:, 0:2] = np.array([1 / 64], np.float16).view(np.uint8)
-    if t == GGMLType.Q4_1:
+    if t in (GGMLType.Q4_1, GGMLType.Q5_1):
         blocks[:, 2:4] = 0
     w_raw = blocks.reshape(n_out, -1)
     x = np.full((n_tokens, n_in), sign, np.float32)

@@ -1,5 +1,5 @@
 // Kernels for the 32-weight block types that every table with panels shares, and the AVX2
-// table's own (Q4_0 and Q4_1, whose unsigned quants fit the 16-bit sums of vpmaddubsw).
+// table's own (Q4_0, Q4_1, Q5_0 and Q5_1, whose products it sums in 16-bit lanes).
 //
 // Every (weight row, token) pair is summed in one order, whichever kernel computes it:
 //   S = 0; for each block b in order:  S = fma(float(isum_b), dx_b * dy_b, S)
@@ -10,20 +10,26 @@
 // decode step or inside a prompt, and the server's batched decode equals single decoding.
 // Every multiply-add is an explicit FMA: nothing is left for the compiler to contract or not.
 //
-// A type plugs in through the traits of avx2_tile.h plus:
+// A type plugs in through a traits struct:
+//   BX, BY                                  weight and activation block types
+//   kOffset                                 whether a block pair adds m * s (Q4_1, Q5_1)
 //   unpack_unsigned(const BX&) -> __m256i   the 32 quants as unsigned bytes (Q8_0: q + 128)
 //   kZeroShift                              log2 of the zero point z, or -1 for none
 //
-// The AVX2 kernels (no vpdpbusd) multiply unsigned 4-bit quants with signed activation bytes in
-// vpmaddubsw and add a block's 8 groups of 4 in 16-bit lanes: each lane sums 16 products of at
-// most 15 * 128, below 2^15, so nothing saturates and the block sums are exact.
+// The AVX2 kernels (no vpdpbusd) multiply unsigned quants with signed activation bytes in
+// vpmaddubsw and add the products in 16-bit lanes, never more than fit below 2^15, so nothing
+// saturates and the block sums are exact: in a panel, a lane sums a block's 16 products of 4-bit
+// quants (Q4_0, Q4_1: at most 15 * 128 each), or 8 products of 5-bit quants (Q5_0, Q5_1: at most
+// 31 * 128 each, two sums per block); with rows in lanes, vpmaddubsw's pair sums go straight to
+// 32 bits. (Q8_0's 8-bit quants would need two nibble planes, no faster than its tile kernels.)
 // - rows in lanes (decode and batches of up to 15 tokens): 8 weight rows transposed once per
 //   block, so that a broadcast 4-byte group of a token's activations meets group k of every row
 //   (rows8t_kernel); rows too long to stage their tokens' scales go through rows8_kernel;
 // - tokens in lanes (prompts of 16 tokens and more): the activations of 16 tokens repacked once
 //   per matmul into a panel, block by block, with token t's elements 4k..4k+3 in lane t of
 //   chunk k (pack_panel), so that a broadcast 4-byte group of one weight row meets all of them,
-//   two vectors of 8 tokens (panel_kernel_i16).
+//   two vectors of 8 tokens (panel_kernel_i16). The 5-bit types decode through rows8_kernel
+//   (their unpacked bytes are not transposed).
 #pragma once
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -52,6 +58,10 @@ struct PanelBlock {
   float s[kPanelTokens];          // Q8_1: the block's s = d * sum(q), as stored (f16 -> f32)
 };
 static_assert(sizeof(PanelBlock) == kPanelBlockBytes, "PanelBlock");
+
+// Whether a type's unsigned quants are 4-bit (Q4_0, Q4_1); the others (Q5_0, Q5_1) are 5-bit.
+template <typename T>
+constexpr bool kNibbleQuants = std::is_same_v<typename T::BX, block_q4_0> || std::is_same_v<typename T::BX, block_q4_1>;
 
 // The sum of a block's 32 activation quants.
 inline int block_sum(const int8_t* qs) {
@@ -110,8 +120,7 @@ struct RowsAndTokens {
 };
 
 // 8 weight rows (rows past n_rows repeat the last one; their sums are dropped) x C tokens, each
-// row's per-block sums reduced across lanes. Without VNNI dot_u8_i8_i32 is vpmaddubsw, whose
-// 16-bit pair sums hold the nibble types' products only (kNibbleQuants).
+// row's per-block sums reduced across lanes.
 template <typename T, int C>
 inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                          const uint8_t* y, size_t y_stride) {
@@ -210,10 +219,6 @@ void vec_dot_rows(int64_t n, float* out, const void* vx, const void* vy) {
 }
 
 
-// Whether a type's unsigned quants fit the 16-bit sums of the AVX2 kernels (at most 15).
-template <typename T>
-constexpr bool kNibbleQuants = std::is_same_v<typename T::BX, block_q4_0> || std::is_same_v<typename T::BX, block_q4_1>;
-
 // 4 bytes at g in every 32-bit lane (a load, no shuffle).
 inline __m256i broadcast_group(const int8_t* g) {
   int32_t v;
@@ -280,8 +285,8 @@ inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8
   }
 }
 
-// The AVX2 table's gemm_tile for the nibble types: any rows x up to 8 tokens, through
-// rows8t_kernel (rows of up to kMaxScaleBlocks blocks) or rows8_kernel.
+// The AVX2 table's gemm_tile: any rows x up to 8 tokens, through rows8t_kernel (the nibble
+// types' rows of up to kMaxScaleBlocks blocks) or rows8_kernel.
 template <typename T>
 void gemm_rows_i16(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                    size_t y_stride, int n_rows, int n_cols) {
@@ -292,22 +297,24 @@ void gemm_rows_i16(int64_t n, float* out, size_t out_stride, const void* vx, siz
     constexpr int C = decltype(cols)::value;
     float* o = out + c * out_stride;
     const uint8_t* yc = y + c * y_stride;
-    if (nb <= kMaxScaleBlocks)
+    if (kNibbleQuants<T> && nb <= kMaxScaleBlocks)
       return rows_with_token_scales<T, C, 8>(nb, o, x, x_stride, n_rows, yc, y_stride, [&](float* o8, const uint8_t* x8,
                                                                                            int rows, const auto& ys) {
-        rows8t_kernel<T, C>(nb, o8, out_stride, x8, x_stride, rows, yc, y_stride, ys);
+        if constexpr (kNibbleQuants<T>) rows8t_kernel<T, C>(nb, o8, out_stride, x8, x_stride, rows, yc, y_stride, ys);
       });
     for (int r = 0; r < n_rows; r += 8)
       rows8_kernel<T, C>(nb, o + r, out_stride, x + r * x_stride, x_stride, std::min(8, n_rows - r), yc, y_stride);
   });
 }
 
-// R weight rows of a nibble type x one panel of up to 16 tokens, in two vectors of 8.
+// R weight rows x one panel of up to 16 tokens, in two vectors of 8. Each (row, 8 tokens) keeps
+// a block's products in 16-bit sums: one for the 8 groups of 4-bit quants, two (groups 0-3 and
+// 4-7) for 5-bit quants.
 template <typename T, int R>
 inline void panel_kernel_i16(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride,
                              const PanelBlock* panel, int n_cols) {
-  static_assert(kNibbleQuants<T>, "the 16-bit sums hold products of 4-bit quants only");
   using BX = typename T::BX;
+  constexpr int kGroupsPerSum = kNibbleQuants<T> ? 8 : 4;
   const BX* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const BX*>(x + r * x_stride);
   __m256 S[R][2], O[R][2];
@@ -320,15 +327,16 @@ inline void panel_kernel_i16(int64_t nb, float* out, size_t out_stride, const ui
     for (int r = 0; r < R; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(w[r]), T::unpack_unsigned(xr[r][b]));
     // Reload each 4-byte group as a broadcast from memory (a load, no shuffle).
     __asm__ volatile("" : : "r"(w) : "memory");
-    __m256i sums[R][2];
+    __m256i sums16[8 / kGroupsPerSum][R][2];
     for (int k = 0; k < 8; ++k) {
       const __m256i a[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(p.qs[k][0])),
                             _mm256_load_si256(reinterpret_cast<const __m256i*>(p.qs[k][8]))};
+      const int j = k / kGroupsPerSum;
       for (int r = 0; r < R; ++r) {
         const __m256i group = broadcast_group(w[r] + 4 * k);
         for (int h = 0; h < 2; ++h) {
           const __m256i products = _mm256_maddubs_epi16(group, a[h]);
-          sums[r][h] = k == 0 ? products : _mm256_add_epi16(sums[r][h], products);
+          sums16[j][r][h] = k % kGroupsPerSum == 0 ? products : _mm256_add_epi16(sums16[j][r][h], products);
         }
       }
     }
@@ -338,7 +346,9 @@ inline void panel_kernel_i16(int64_t nb, float* out, size_t out_stride, const ui
       if constexpr (T::kZeroShift >= 0)
         zero_sums = _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(p.qsum + 8 * h)), T::kZeroShift);
       for (int r = 0; r < R; ++r) {
-        const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(sums[r][h], ones), zero_sums);
+        __m256i isum = _mm256_madd_epi16(sums16[0][r][h], ones);
+        if constexpr (!kNibbleQuants<T>) isum = madd_acc_i16(isum, sums16[1][r][h], ones);
+        isum = _mm256_sub_epi32(isum, zero_sums);
         const __m256 dxdy = _mm256_mul_ps(dy, _mm256_set1_ps(fp16_to_fp32(xr[r][b].d)));
         S[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[r][h]);
       }
@@ -355,7 +365,7 @@ inline void panel_kernel_i16(int64_t nb, float* out, size_t out_stride, const ui
   }
 }
 
-// The AVX2 table's gemm_panel for the nibble types: n_rows weight rows x n_cols tokens, in panels.
+// The AVX2 table's gemm_panel: n_rows weight rows x n_cols tokens, in panels.
 template <typename T>
 void gemm_panel_i16(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
                     int n_rows, int n_cols) {
@@ -365,9 +375,9 @@ void gemm_panel_i16(int64_t n, float* out, size_t out_stride, const void* vx, si
                              });
 }
 
-// Points a nibble type's kernels in the AVX2 table at the ones above.
+// Points a 4- or 5-bit type's kernels in the AVX2 table at the ones above.
 template <typename T>
-void use_avx2_nibble_kernels(TypeKernels& k) {
+void use_avx2_kernels(TypeKernels& k) {
   k.vec_dot = vec_dot_rows<T>;
   k.gemm_tile = gemm_rows_i16<T>;
   k.gemm_panel = gemm_panel_i16<T>;

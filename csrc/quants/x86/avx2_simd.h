@@ -67,23 +67,11 @@ inline __m256i dot_u8_i8_acc(__m256i acc, __m256i ax, __m256i sy) {
 #endif
 }
 
-inline __m256 dot_u8_i8_f32(__m256i ax, __m256i sy) { return _mm256_cvtepi32_ps(dot_u8_i8_i32(ax, sy)); }
-
 // Signed x signed: move x's sign onto y so the unsigned-by-signed instruction applies.
 inline __m256i dot_i8_i8_i32(__m256i x, __m256i y) {
   return dot_u8_i8_i32(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 inline __m256 dot_i8_i8_f32(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_i8_i8_i32(x, y)); }
-
-// For weights stored as q + zero with q unsigned (Q4_0: zero = -8, Q5_0: -16): the per-lane sums
-// zero_magnitude * sy, computed once per activation block, and the signed dot product from the
-// unsigned one, exactly: sum (q - z) y = sum q y - z sum y, with no sign tricks per weight row.
-inline __m256i zero_point_sums(__m256i sy, int zero_magnitude) {
-  return dot_u8_i8_i32(_mm256_set1_epi8(static_cast<char>(zero_magnitude)), sy);
-}
-inline __m256 dot_offset_u8_i8_f32(__m256i ax, __m256i sy, __m256i zero_sums) {
-  return _mm256_cvtepi32_ps(_mm256_sub_epi32(dot_u8_i8_i32(ax, sy), zero_sums));
-}
 
 // acc + sums of adjacent products of int16 a and b, as 8 int32 lanes (vpdpwssd where available).
 inline __m256i madd_acc_i16(__m256i acc, __m256i a, __m256i b) {
