@@ -21,7 +21,7 @@
 // saturates and the block sums are exact: in a panel, a lane sums a block's 16 products of 4-bit
 // quants (Q4_0, Q4_1: at most 15 * 128 each), or 8 products of 5-bit quants (Q5_0, Q5_1: at most
 // 31 * 128 each, two sums per block); with rows in lanes, vpmaddubsw's pair sums go straight to
-// 32 bits. (Q8_0's 8-bit quants would need two nibble planes, no faster than its tile kernels.)
+// 32 bits. Q8_0, whose 8-bit quants these sums do not hold, keeps the tile kernels of avx2_tile.h.
 // - rows in lanes (decode and batches of up to 15 tokens): 8 weight rows transposed once per
 //   block, so that a broadcast 4-byte group of a token's activations meets group k of every row
 //   (rows8t_kernel); rows too long to stage their tokens' scales go through rows8_kernel;
