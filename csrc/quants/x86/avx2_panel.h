@@ -297,11 +297,12 @@ void gemm_rows_i16(int64_t n, float* out, size_t out_stride, const void* vx, siz
     constexpr int C = decltype(cols)::value;
     float* o = out + c * out_stride;
     const uint8_t* yc = y + c * y_stride;
-    if (kNibbleQuants<T> && nb <= kMaxScaleBlocks)
-      return rows_with_token_scales<T, C, 8>(nb, o, x, x_stride, n_rows, yc, y_stride, [&](float* o8, const uint8_t* x8,
-                                                                                           int rows, const auto& ys) {
-        if constexpr (kNibbleQuants<T>) rows8t_kernel<T, C>(nb, o8, out_stride, x8, x_stride, rows, yc, y_stride, ys);
-      });
+    if constexpr (kNibbleQuants<T>)
+      if (nb <= kMaxScaleBlocks)
+        return rows_with_token_scales<T, C, 8>(nb, o, x, x_stride, n_rows, yc, y_stride, [&](float* o8, const uint8_t* x8,
+                                                                                             int rows, const auto& ys) {
+          rows8t_kernel<T, C>(nb, o8, out_stride, x8, x_stride, rows, yc, y_stride, ys);
+        });
     for (int r = 0; r < n_rows; r += 8)
       rows8_kernel<T, C>(nb, o + r, out_stride, x + r * x_stride, x_stride, std::min(8, n_rows - r), yc, y_stride);
   });
