@@ -295,19 +295,24 @@ def run_matmul(g, x):
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: TYPES[t].name)
-def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t):
+@pytest.mark.parametrize("n_in", [256, 512, 768, 1024, 2560])
+def test_a_batch_gives_each_token_the_bits_it_gets_alone(isa, t, n_in):
     """The tiled kernels (and, with AVX-512, the 16-token panels of prompt processing) must sum
     in the same order as the one-token path: the server's batched decode is only equal to single
-    decoding if they do. 37 tokens: two full panels, a partial one, and small batches of each;
-    rows of 2560 weights: 10 K-quant super-blocks, more than the 8 partial sums of their order."""
+    decoding if they do. 37 tokens: two full panels, a partial one, and small batches of each.
+    Rows of 2560 weights: 10 K-quant super-blocks, more than the 8 partial sums of their order;
+    rows of 1 to 4 super-blocks: the decode kernel that puts several rows in one vector (37 rows:
+    a partial group at the end)."""
     if not has_kernels(t):
         pytest.skip(f"{TYPES[t].name} has no native kernels yet")
-    n_in, n_out = 2560, 37
-    g = matmul_graph(t, random_rows(t, n_out, n_in, seed=8), n_in, n_out)
+    n_out = 37
+    w_raw = random_rows(t, n_out, n_in, seed=8)
+    g = matmul_graph(t, w_raw, n_in, n_out)
     x = np.random.default_rng(9).standard_normal((37, n_in)).astype(np.float32)
     alone = np.concatenate([run_matmul(g, x[i:i + 1]) for i in range(len(x))])
     assert np.array_equal(run_matmul(g, x), alone)
     assert np.array_equal(run_matmul(g, x[:11]), alone[:11])
+    assert_matches_numpy(alone, t, w_raw, x)
 
 
 @pytest.mark.parametrize("n_in", [67, 93])

@@ -19,7 +19,8 @@
 // and the result is D = S - M (lane by lane) summed as ((D0 + D4) + (D2 + D6)) + ((D1 + D5) + (D3 + D7))
 // (hsum_f32_8's order). One row's decode kernel (k_tile_cols) keeps the 8 partials in the lanes
 // of a vector and reduces 8 super-blocks' integer lanes at once (by unpacks and adds: vphaddd
-// costs two shuffles and an add); the prompt kernels with tokens
+// costs two shuffles and an add); rows of at most 4 super-blocks share those lanes, several
+// rows to a vector (k_short_rows); the prompt kernels with tokens
 // in lanes (avx512_k_panel.h) keep them in memory. So a token gets the same bits alone, in a batch or in
 // a prompt.
 #pragma once
@@ -37,12 +38,9 @@
 
 namespace ember {
 
-// The floats f(0) .. f(n - 1), n < 8, as 8 lanes (the rest 0).
-template <typename F>
-inline __m256 tail_scales(F&& f, int n) {
-  alignas(32) float v[8] = {};
-  for (int i = 0; i < n; ++i) v[i] = f(i);
-  return _mm256_load_ps(v);
+// All-ones in lanes 0 .. n - 1 (n <= 8), zero in the rest.
+inline __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // A Q8_K block's quants and bsums, 32-byte aligned, so that no 32-byte load of them splits a cache
@@ -59,16 +57,19 @@ template <int C, typename Y>
 struct KActivations {
   const Y* y[C];
   const float* d[C];
-  // Block b0 + i's scale in lane i, i < n <= 8 (the rest 0).
+  // Block b0 + i's scale in lane i, i < n <= 8 (the rest 0). A short group is a masked load (or,
+  // from Q8_K blocks, lanes that repeat the last block, masked): lanes stored one at a time and
+  // reloaded as a vector would wait on store forwarding, once per row.
   __m256 scales8(int c, int64_t b0, int n) const {
     if constexpr (std::is_same_v<Y, Q8KLine>) {
       if (n == 8) return _mm256_loadu_ps(d[c] + b0);
-      return tail_scales([&](int i) { return d[c][b0 + i]; }, n);
+      return _mm256_maskload_ps(d[c] + b0, first_lanes(n));
     } else {
-      // Lane by lane (a store-and-reload of the 8 floats would stall on store forwarding).
       const Y* yb = y[c] + b0;
       if (n == 8) return _mm256_setr_ps(yb[0].d, yb[1].d, yb[2].d, yb[3].d, yb[4].d, yb[5].d, yb[6].d, yb[7].d);
-      return tail_scales([&](int i) { return yb[i].d; }, n);
+      auto at = [&](int i) { return yb[std::min(i, n - 1)].d; };
+      const __m256 v = _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+      return _mm256_and_ps(v, _mm256_castsi256_ps(first_lanes(n)));
     }
   }
 };
@@ -88,12 +89,12 @@ inline V combine_partials(const V d[8]) {
   return ((d[0] + d[4]) + (d[2] + d[6])) + ((d[1] + d[5]) + (d[3] + d[7]));
 }
 
-// The integer sums of super-blocks b0 .. b0 + n - 1 (n <= 8; kFull: n = 8) for C tokens, lane i of
-// sum[c] (mins[c]) holding super-block b0 + i's scaled_b (mins_b), reduced across lanes as the
-// blocks come, pair by pair (pair_sums_32, _64, _128), so that few vectors stay live.
-template <typename T, bool kFull, int C, typename Y>
-inline void k_group_sums(const typename T::BX* xb, const Y* const y[C], int64_t b0, int n, __m256i sum[C],
-                         __m256i mins[C]) {
+// The integer sums of 8 super-blocks for C tokens, lane i of sum[c] (mins[c]) holding the
+// scaled_b (mins_b) that block_sums(i, s, m) gives (its sums of lane i's super-block, as
+// T::sums does, or zeros for an empty lane), reduced across lanes as the blocks come, pair by
+// pair (pair_sums_32, _64, _128), so that few vectors stay live.
+template <typename T, int C, typename BlockSums>
+inline void k_group_sums(BlockSums&& block_sums, __m256i sum[C], __m256i mins[C]) {
   __m256i s4[2][C], m4[2][C];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
@@ -102,14 +103,7 @@ inline void k_group_sums(const typename T::BX* xb, const Y* const y[C], int64_t 
     for (int p = 0; p < 2; ++p) {
       __m256i s[2][C], m[2][C];
 #pragma GCC unroll 2
-      for (int k = 0; k < 2; ++k) {
-        const int i = 4 * h + 2 * p + k;
-        if (kFull || i < n) {
-          T::template sums<C>(xb[b0 + i], y, b0 + i, s[k], m[k]);
-        } else {
-          for (int c = 0; c < C; ++c) s[k][c] = m[k][c] = _mm256_setzero_si256();
-        }
-      }
+      for (int k = 0; k < 2; ++k) block_sums(4 * h + 2 * p + k, s[k], m[k]);
       for (int c = 0; c < C; ++c) {
         s2[p][c] = pair_sums_32(s[0][c], s[1][c]);
         if constexpr (T::kMins) m2[p][c] = pair_sums_32(m[0][c], m[1][c]);
@@ -126,6 +120,16 @@ inline void k_group_sums(const typename T::BX* xb, const Y* const y[C], int64_t 
   }
 }
 
+// Super-block *x with C tokens' block b, or zeros for no x.
+template <typename T, int C, typename Y>
+inline void k_block_sums(const typename T::BX* x, const Y* const y[C], int64_t b, __m256i s[C], __m256i m[C]) {
+  if (x) {
+    T::template sums<C>(*x, y, b, s, m);
+  } else {
+    for (int c = 0; c < C; ++c) s[c] = m[c] = _mm256_setzero_si256();
+  }
+}
+
 // 1 weight row x C tokens: the integer sums of 8 super-blocks at a time in the lanes of a vector
 // (lane i: super-block b0 + i), then one FMA per token for the 8.
 template <typename T, int C, typename Y>
@@ -136,8 +140,13 @@ inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
     __m256i sum[C], mins[C];
-    if (n == 8) k_group_sums<T, true, C>(xb, a.y, b0, 8, sum, mins);
-    else k_group_sums<T, false, C>(xb, a.y, b0, n, sum, mins);
+    if (n == 8) {
+      k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { T::template sums<C>(xb[b0 + i], a.y, b0 + i, s, m); },
+                         sum, mins);
+    } else {
+      k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { k_block_sums<T, C>(i < n ? xb + b0 + i : nullptr, a.y, b0 + i, s, m); },
+                         sum, mins);
+    }
     const __m256 d = f16x8([&](int i) { return xb[b0 + i].d; }, n);
     __m256 dmin = _mm256_setzero_ps();
     if constexpr (T::kMins) dmin = f16x8([&](int i) { return xb[b0 + i].dmin; }, n);
@@ -154,20 +163,89 @@ inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t
   }
 }
 
-// Rows x tokens, one row at a time, through k_tile_cols with the tokens in groups of 4, then 1.
+// Rows of at most 4 super-blocks (nb <= 4) x C tokens, several rows to a vector: row j of a group
+// in lanes L j .. L j + nb - 1 (L = 4 lanes a row for nb = 3, 4; 2 for nb = 2; 1 for nb = 1), so
+// the reductions and the float work are shared by 8 / L rows. A row's lanes hold what
+// k_tile_cols's single group would (the other lanes there are +0, and D, a difference of
+// non-negative-zero sums, is never -0, so leaving them out of its sum changes no bit):
+// nb = 4: (D0 + D2) + (D1 + D3); nb = 3: (D0 + D2) + D1; nb = 2: D0 + D1; nb = 1: D0.
+template <typename T, int C, int L, typename Y>
+inline void k_short_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                         const KActivations<C, Y>& a) {
+  using BX = typename T::BX;
+  constexpr int R = 8 / L;
+  alignas(32) static constexpr int32_t block_of[8] = {0 % L, 1 % L, 2 % L, 3 % L, 4 % L, 5 % L, 6 % L, 7 % L};
+  const __m256i block_lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(block_of));
+  __m256 vdy[C];  // lane i: token c's scale of block i % L (0 for a block past nb)
+  for (int c = 0; c < C; ++c) vdy[c] = _mm256_permutevar8x32_ps(a.scales8(c, 0, static_cast<int>(nb)), block_lanes);
+  const __m256 zero = _mm256_setzero_ps();
+  // The rows' groups, every lane present (kFull: R whole rows of L blocks) or not.
+  auto group = [&](auto full, int r, int rows) {
+    constexpr bool kFull = decltype(full)::value;
+    const BX* lane[8];  // lane i's super-block, or null for an empty lane
+    for (int i = 0; i < 8; ++i)
+      lane[i] = kFull || (block_of[i] < nb && i / L < rows)
+                    ? reinterpret_cast<const BX*>(x + (r + i / L) * x_stride) + block_of[i]
+                    : nullptr;
+    __m256i sum[C], mins[C];
+    k_group_sums<T, C>(
+        [&](int i, __m256i* s, __m256i* m) {
+          if constexpr (kFull) T::template sums<C>(*lane[i], a.y, block_of[i], s, m);
+          else k_block_sums<T, C>(lane[i], a.y, block_of[i], s, m);
+        },
+        sum, mins);
+    // Empty lanes: a 0 scale (their sums are 0 too).
+    const __m256 d = f16x8([&](int i) { return kFull || lane[i] ? lane[i]->d : uint16_t{0}; }, 8);
+    __m256 dmin = zero;
+    if constexpr (T::kMins) dmin = f16x8([&](int i) { return kFull || lane[i] ? lane[i]->dmin : uint16_t{0}; }, 8);
+    for (int c = 0; c < C; ++c) {
+      __m256 D = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(vdy[c], d), zero);
+      if constexpr (T::kMins) D = _mm256_sub_ps(D, _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[c]), _mm256_mul_ps(vdy[c], dmin), zero));
+      alignas(32) float v[8];
+      _mm256_store_ps(v, D);
+      for (int j = 0; j < rows; ++j) {
+        const float* p = v + L * j;
+        out[c * out_stride + r + j] = nb == 4 ? (p[0] + p[2]) + (p[1] + p[3])
+                                      : nb == 3 ? (p[0] + p[2]) + p[1]
+                                      : nb == 2 ? p[0] + p[1]
+                                                : p[0];
+      }
+    }
+  };
+  int r = 0;
+  if (nb == L)
+    for (; r + R <= n_rows; r += R) group(std::true_type{}, r, R);
+  for (; r < n_rows; r += R) group(std::false_type{}, r, std::min(R, n_rows - r));
+}
+
+// Rows x tokens through k_tile_cols (a row at a time) or k_short_rows, with the tokens in groups
+// of 4, then 1.
 template <typename T, typename Y>
 inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, const Y* y,
                         size_t y_stride, const float* d, size_t d_stride, int n_rows, int n_cols) {
+  auto activations = [&](auto cols, int c0) {
+    constexpr int C = decltype(cols)::value;
+    KActivations<C, Y> a;
+    for (int c = 0; c < C; ++c) {
+      a.y[c] = reinterpret_cast<const Y*>(reinterpret_cast<const uint8_t*>(y) + (c0 + c) * y_stride);
+      a.d[c] = d ? d + (c0 + c) * d_stride : nullptr;
+    }
+    return a;
+  };
+  if (nb <= 4) {
+    return for_each_group<4, 1>(n_cols, [&](auto cols, int c0) {
+      constexpr int C = decltype(cols)::value;
+      const KActivations<C, Y> a = activations(cols, c0);
+      float* o = out + c0 * out_stride;
+      if (nb == 1) k_short_rows<T, C, 1>(nb, o, out_stride, x, x_stride, n_rows, a);
+      else if (nb == 2) k_short_rows<T, C, 2>(nb, o, out_stride, x, x_stride, n_rows, a);
+      else k_short_rows<T, C, 4>(nb, o, out_stride, x, x_stride, n_rows, a);
+    });
+  }
   for (int r = 0; r < n_rows; ++r) {
     const uint8_t* row = x + r * x_stride;
     for_each_group<4, 1>(n_cols, [&](auto cols, int c0) {
-      constexpr int C = decltype(cols)::value;
-      KActivations<C, Y> a;
-      for (int c = 0; c < C; ++c) {
-        a.y[c] = reinterpret_cast<const Y*>(reinterpret_cast<const uint8_t*>(y) + (c0 + c) * y_stride);
-        a.d[c] = d ? d + (c0 + c) * d_stride : nullptr;
-      }
-      k_tile_cols<T, C>(nb, out + c0 * out_stride + r, out_stride, row, a);
+      k_tile_cols<T, decltype(cols)::value>(nb, out + c0 * out_stride + r, out_stride, row, activations(cols, c0));
     });
   }
 }
