@@ -130,36 +130,40 @@ inline void k_block_sums(const typename T::BX* x, const Y* const y[C], int64_t b
   }
 }
 
-// 1 weight row x C tokens: the integer sums of 8 super-blocks at a time in the lanes of a vector
-// (lane i: super-block b0 + i), then one FMA per token for the 8.
+// n_rows weight rows x C tokens, a row at a time: the integer sums of 8 super-blocks at a time
+// in the lanes of a vector (lane i: super-block b0 + i), then one FMA per token for the 8.
 template <typename T, int C, typename Y>
-inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, const KActivations<C, Y>& a) {
-  const typename T::BX* xb = reinterpret_cast<const typename T::BX*>(x);
-  __m256 S[C], M[C];
-  for (int c = 0; c < C; ++c) S[c] = M[c] = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-    const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
-    __m256i sum[C], mins[C];
-    if (n == 8) {
-      k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { T::template sums<C>(xb[b0 + i], a.y, b0 + i, s, m); },
-                         sum, mins);
-    } else {
-      k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { k_block_sums<T, C>(i < n ? xb + b0 + i : nullptr, a.y, b0 + i, s, m); },
-                         sum, mins);
+inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
+                        const KActivations<C, Y>& a) {
+  for (int r = 0; r < n_rows; ++r) {
+    const typename T::BX* xb = reinterpret_cast<const typename T::BX*>(x + r * x_stride);
+    __m256 S[C], M[C];
+    for (int c = 0; c < C; ++c) S[c] = M[c] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+      const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
+      __m256i sum[C], mins[C];
+      if (n == 8) {
+        k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { T::template sums<C>(xb[b0 + i], a.y, b0 + i, s, m); },
+                           sum, mins);
+      } else {
+        k_group_sums<T, C>(
+            [&](int i, __m256i* s, __m256i* m) { k_block_sums<T, C>(i < n ? xb + b0 + i : nullptr, a.y, b0 + i, s, m); },
+            sum, mins);
+      }
+      const __m256 d = f16x8([&](int i) { return xb[b0 + i].d; }, n);
+      __m256 dmin = _mm256_setzero_ps();
+      if constexpr (T::kMins) dmin = f16x8([&](int i) { return xb[b0 + i].dmin; }, n);
+      for (int c = 0; c < C; ++c) {
+        const __m256 vdy = a.scales8(c, b0, n);
+        S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(vdy, d), S[c]);
+        if constexpr (T::kMins) M[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[c]), _mm256_mul_ps(vdy, dmin), M[c]);
+      }
     }
-    const __m256 d = f16x8([&](int i) { return xb[b0 + i].d; }, n);
-    __m256 dmin = _mm256_setzero_ps();
-    if constexpr (T::kMins) dmin = f16x8([&](int i) { return xb[b0 + i].dmin; }, n);
     for (int c = 0; c < C; ++c) {
-      const __m256 vdy = a.scales8(c, b0, n);
-      S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(vdy, d), S[c]);
-      if constexpr (T::kMins) M[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[c]), _mm256_mul_ps(vdy, dmin), M[c]);
+      alignas(32) float D[8];
+      _mm256_store_ps(D, _mm256_sub_ps(S[c], M[c]));
+      out[c * out_stride + r] = combine_partials(D);
     }
-  }
-  for (int c = 0; c < C; ++c) {
-    alignas(32) float D[8];
-    _mm256_store_ps(D, _mm256_sub_ps(S[c], M[c]));
-    out[c * out_stride] = combine_partials(D);
   }
 }
 
@@ -218,36 +222,30 @@ inline void k_short_rows(int64_t nb, float* out, size_t out_stride, const uint8_
   for (; r < n_rows; r += R) group(std::false_type{}, r, std::min(R, n_rows - r));
 }
 
-// Rows x tokens through k_tile_cols (a row at a time) or k_short_rows, with the tokens in groups
-// of 4, then 1.
+// Rows x tokens through k_tile_cols or k_short_rows, with the tokens in groups of 4, then 1. With
+// more than one group, the rows go in chunks of about 16 KiB, each multiplied by every group while
+// it is in cache.
 template <typename T, typename Y>
 inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, const Y* y,
                         size_t y_stride, const float* d, size_t d_stride, int n_rows, int n_cols) {
-  auto activations = [&](auto cols, int c0) {
+  auto rows = [&](auto cols, int c0, int r0, int rows) {
     constexpr int C = decltype(cols)::value;
     KActivations<C, Y> a;
     for (int c = 0; c < C; ++c) {
       a.y[c] = reinterpret_cast<const Y*>(reinterpret_cast<const uint8_t*>(y) + (c0 + c) * y_stride);
       a.d[c] = d ? d + (c0 + c) * d_stride : nullptr;
     }
-    return a;
+    float* o = out + c0 * out_stride + r0;
+    const uint8_t* xr = x + r0 * x_stride;
+    if (nb == 1) k_short_rows<T, C, 1>(nb, o, out_stride, xr, x_stride, rows, a);
+    else if (nb == 2) k_short_rows<T, C, 2>(nb, o, out_stride, xr, x_stride, rows, a);
+    else if (nb <= 4) k_short_rows<T, C, 4>(nb, o, out_stride, xr, x_stride, rows, a);
+    else k_tile_cols<T, C>(nb, o, out_stride, xr, x_stride, rows, a);
   };
-  if (nb <= 4) {
-    return for_each_group<4, 1>(n_cols, [&](auto cols, int c0) {
-      constexpr int C = decltype(cols)::value;
-      const KActivations<C, Y> a = activations(cols, c0);
-      float* o = out + c0 * out_stride;
-      if (nb == 1) k_short_rows<T, C, 1>(nb, o, out_stride, x, x_stride, n_rows, a);
-      else if (nb == 2) k_short_rows<T, C, 2>(nb, o, out_stride, x, x_stride, n_rows, a);
-      else k_short_rows<T, C, 4>(nb, o, out_stride, x, x_stride, n_rows, a);
-    });
-  }
-  for (int r = 0; r < n_rows; ++r) {
-    const uint8_t* row = x + r * x_stride;
-    for_each_group<4, 1>(n_cols, [&](auto cols, int c0) {
-      k_tile_cols<T, decltype(cols)::value>(nb, out + c0 * out_stride + r, out_stride, row, activations(cols, c0));
-    });
-  }
+  const int chunk = n_cols == 1 || n_cols == 4 ? n_rows
+                                               : static_cast<int>(8 * std::max<size_t>(1, 2048 / x_stride));
+  for (int r0 = 0; r0 < n_rows; r0 += chunk)
+    for_each_group<4, 1>(n_cols, [&](auto cols, int c0) { rows(cols, c0, r0, std::min(chunk, n_rows - r0)); });
 }
 
 // Whether a type's Traits lay out the Q8KLine copy themselves (static void line(const block_q8_K&,
@@ -293,7 +291,7 @@ void vec_dot_k_tile(int64_t n, float* out, const void* vx, const void* vy) {
   KActivations<1, block_q8_K> a;
   a.y[0] = static_cast<const block_q8_K*>(vy);
   a.d[0] = nullptr;
-  k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), a);
+  k_tile_cols<T, 1>(n / QK_K, out, 0, static_cast<const uint8_t*>(vx), 0, 1, a);
 }
 
 // Dequantization through the unpacking the kernels use (avx512_k_panel.h's quants, scales, d, dmin,
