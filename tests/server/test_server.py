@@ -566,9 +566,13 @@ def test_a_client_that_disconnects_frees_its_slot_within_a_step(server):
 
 
 def test_a_client_that_gives_up_on_a_whole_response_frees_its_slot(server):
+    # 400 tokens take well over 0.5 s on any CPU (smollm2 decodes at a few hundred tokens/s at
+    # most); at 1.5 s a fast host finished the reply before the client gave up.
     body = {"prompt": "Once upon a time", "max_tokens": 400, "logit_bias": NO_END}
+    steps_before = metric(server, "ember_decode_steps_total")
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{server}/v1/completions", json=body, timeout=1.5)
+        httpx.post(f"{server}/v1/completions", json=body, timeout=0.5)
+    assert eventually(lambda: metric(server, "ember_decode_steps_total") > steps_before)  # it ran
     assert eventually(lambda: metric(server, "ember_requests_running") == 0)
 
 
