@@ -246,8 +246,8 @@ inline void k_short_rows(int64_t nb, float* out, size_t out_stride, const uint8_
 }
 
 // Rows x tokens through k_tile_cols or k_short_rows, with the tokens in groups of 4, then 1. With
-// more than one group, the rows go in chunks of about 16 KiB, each multiplied by every group while
-// it is in cache.
+// more than one group, the rows go in chunks of 8 rows or of as many 8s as fit 16 KiB, each
+// multiplied by every group while it is in cache.
 template <typename T, typename Y>
 inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, const Y* y,
                         size_t y_stride, const float* d, size_t d_stride, int n_rows, int n_cols) {
@@ -265,8 +265,7 @@ inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t
     else if (nb <= 4) k_short_rows<T, C, 4>(nb, o, out_stride, xr, x_stride, rows, a);
     else k_tile_cols<T, C>(nb, o, out_stride, xr, x_stride, rows, a);
   };
-  const int chunk = n_cols == 1 || n_cols == 4 ? n_rows
-                                               : static_cast<int>(8 * std::max<size_t>(1, 2048 / x_stride));
+  const int chunk = n_cols == 1 || n_cols == 4 ? n_rows : static_cast<int>(8 * std::max<size_t>(1, 16384 / (8 * x_stride)));
   for (int r0 = 0; r0 < n_rows; r0 += chunk)
     for_each_group<4, 1>(n_cols, [&](auto cols, int c0) { rows(cols, c0, r0, std::min(chunk, n_rows - r0)); });
 }
