@@ -153,7 +153,9 @@ def speed_table(results: dict, args) -> list[str]:
              "|---|---|---:|---:|---:|---:|---|"]
     for model, r in results.items():
         samples = {tuple(k.split("|")): v for k, v in r["speed"]["samples"].items()}
-        for test in (f"pp{args.n_prompt}", f"tg{args.n_gen}"):
+        # A test of 0 tokens (-p 0 or -n 0) is one neither engine runs.
+        tests = [f"pp{args.n_prompt}"] * (args.n_prompt > 0) + [f"tg{args.n_gen}"] * (args.n_gen > 0)
+        for test in tests:
             for threads in args.threads.split(","):
                 ember = median(samples.get(("ember", test, threads), []))
                 llama = median(samples.get(("llama.cpp", test, threads), []))
