@@ -16,11 +16,12 @@
 #include "core/kernels.h"
 #include "quants/exact_fp.h"
 #include "quants/k_scales.h"
+#include "quants/x86/avx2_k_panel.h"
 #include "quants/x86/avx512_k_panel.h"
+#include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_k_tile.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -239,8 +240,8 @@ void dequantize_row_iq4_nl_avx2(const void* src, float* dst, int64_t n) {
                        dst + b * QK4_NL);
 }
 
-// avx2_tile.h's and avx512_panel.h's traits: signed values for the AVX2 dot products (as Q8_0's),
-// unsigned ones with zero point 128 for vpdpbusd.
+// avx2_panel.h's and avx512_panel.h's traits: signed values for the AVX2 dot products (SignedDot,
+// as Q8_0's), unsigned ones with zero point 128 for vpdpbusd.
 struct IQ4NLTile {
   using BX = block_iq4_nl;
   using BY = block_q8_0;
@@ -248,8 +249,8 @@ struct IQ4NLTile {
   static constexpr int kZeroShift = 7;  // unsigned as value + 128
   static __m256i unpack(const BX& b) { return lookup_32(b.qs, signed_table()); }
   static __m256i unpack_unsigned(const BX& b) { return lookup_32(b.qs, unsigned_table()); }
-  static __m256i y_sums(__m256i qy) { return qy; }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_i8_i8_f32(qx, qy); }
+  // Nibbles (one per byte, 0..15) to signed values, for avx2_panel.h's rows8t_kernel.
+  static __m256i values(__m256i nibbles) { return _mm256_shuffle_epi8(signed_table(), nibbles); }
 #if defined(EMBER_HAS_PANELS)
   // Nibbles (one per byte, 0..15) to unsigned values, for unpack_transposed_16.
   static __m512i values_512(__m512i nibbles) {
@@ -264,6 +265,7 @@ struct IQ4XSTile {
   using BX = block_iq4_xs;
   using BY = block_q8_K;
   static constexpr int kSub = 32, kZeroShift = 7;  // unsigned as value + 128
+  static constexpr int kQuantMax = 241;             // kUnsignedValues[15]
   static constexpr bool kMins = false;
   // Nibbles of sub-blocks 2k and 2k + 1 (one 32-byte load) -> the two sub-blocks' 32 nibbles each, in
   // element order.
@@ -319,56 +321,84 @@ struct IQ4XSTile {
       dst.bsums[2 * j + 1] = src.bsums[2 * s + 1];
     }
   }
+  // The activations of sub-blocks 2k and 2k + 1 (see sums) that meet their low and high nibbles.
+  template <typename Y>
+  static void activations(const Y& yb, int k, __m256i& y_lo, __m256i& y_hi) {
+    if constexpr (std::is_same_v<Y, Q8KLine>) {
+      y_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb.qs + 64 * k));
+      y_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb.qs + 64 * k + 32));
+    } else {
+      y_lo = two_halves(yb.qs + 64 * k), y_hi = two_halves(yb.qs + 64 * k + 16);
+    }
+  }
+  // sums without VNNI: the signed values' magnitudes times the activations with the values' signs
+  // (|value| <= 127, |qy| <= 127: vpmaddubsw's byte-pair sums fit in int16), each pair sum
+  // multiplied by its sub-block's scale in vpmaddwd, so the lanes' totals are the scaled sums with
+  // no reduction across lanes.
+  template <int C, typename Y>
+  static void signed_sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i table, __m256i low4) {
+    // Word j of scales: sub-block j's scale; chunk k's multipliers: scale 2k in the low 128 bits,
+    // scale 2k + 1 in the high.
+    alignas(32) static constexpr int8_t kPick[4][32] = {
+        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+         14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+    const __m128i biased = _mm_cvtsi64_si128(static_cast<long long>(iq4_xs_biased_scales(x)));
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32))));
+    for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+      const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
+      const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
+      const __m256i lo_u = _mm256_sign_epi8(lo, lo), hi_u = _mm256_sign_epi8(hi, hi);
+      const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[k])));
+      for (int c = 0; c < C; ++c) {
+        __m256i y_lo, y_hi;
+        activations(y[c][b], k, y_lo, y_hi);
+        const __m256i p_lo = _mm256_maddubs_epi16(lo_u, _mm256_sign_epi8(y_lo, lo));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi_u, _mm256_sign_epi8(y_hi, hi));
+        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale), _mm256_madd_epi16(p_hi, scale)));
+      }
+    }
+  }
   // Super-block b's sums with C activation blocks. The 32 packed bytes of sub-blocks 2k and
   // 2k + 1 give, unshuffled, their low nibbles (elements 0..15 of each, one per 128-bit lane) and
   // their high nibbles (elements 16..31), met by the matching activations (in line's order, or
-  // gathered from a Q8_K block); the integer dot
-  // products are reduced to one lane per sub-block (lanes: sub-blocks 0, 2, 4, 6, 1, 3, 5, 7) and
-  // multiplied by the scales. With VNNI the unsigned values (value + 128) go through vpdpbusd and
-  // 128 sum(qy) comes off each lane (from the bsums); without it the signed values, their sign
-  // moved onto the activations (|value|, |qy| <= 127, so vpmaddubsw's byte-pair sums fit in
-  // int16).
+  // gathered from a Q8_K block). With VNNI the unsigned values (value + 128) go through vpdpbusd,
+  // the integer dot products are reduced to one lane per sub-block (lanes: sub-blocks 0, 2, 4, 6,
+  // 1, 3, 5, 7), 128 sum(qy) comes off each lane (from the bsums) and the lanes are multiplied by
+  // the scales; without it, signed_sums.
   template <int C, typename Y>
   static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
-    constexpr bool kVnni =
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-        true;
-#else
-        false;
-#endif
-    const __m256i table = kVnni ? unsigned_table() : signed_table();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+    const __m256i table = unsigned_table();
     __m256i pair[C][4];  // lanes 0-3: sub-block 2k, lanes 4-7: sub-block 2k + 1
     for (int k = 0; k < 4; ++k) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
       const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
       const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
-      // The unsigned factors: the values themselves (VNNI), or their magnitudes.
-      const __m256i lo_u = kVnni ? lo : _mm256_sign_epi8(lo, lo), hi_u = kVnni ? hi : _mm256_sign_epi8(hi, hi);
       for (int c = 0; c < C; ++c) {
         __m256i y_lo, y_hi;
-        if constexpr (std::is_same_v<Y, Q8KLine>) {
-          y_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k));
-          y_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].qs + 64 * k + 32));
-        } else {
-          y_lo = two_halves(y[c][b].qs + 64 * k), y_hi = two_halves(y[c][b].qs + 64 * k + 16);
-        }
-        if constexpr (!kVnni) y_lo = _mm256_sign_epi8(y_lo, lo), y_hi = _mm256_sign_epi8(y_hi, hi);
-        pair[c][k] = dot_u8_i8_acc(dot_u8_i8_i32(lo_u, y_lo), hi_u, y_hi);
+        activations(y[c][b], k, y_lo, y_hi);
+        pair[c][k] = dot_u8_i8_acc(dot_u8_i8_i32(lo, y_lo), hi, y_hi);
       }
     }
     const __m256i scales = scales_even_odd(x);
     for (int c = 0; c < C; ++c) {
       __m256i per_sub_block = pair_sums_64(pair_sums_32(pair[c][0], pair[c][1]), pair_sums_32(pair[c][2], pair[c][3]));
-      if constexpr (kVnni) {
-        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
-        __m256i y_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-        if constexpr (!std::is_same_v<Y, Q8KLine>)
-          y_sums = _mm256_permutevar8x32_epi32(y_sums, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-        per_sub_block = _mm256_sub_epi32(per_sub_block, _mm256_slli_epi32(y_sums, 7));
-      }
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
+      __m256i y_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+      if constexpr (!std::is_same_v<Y, Q8KLine>)
+        y_sums = _mm256_permutevar8x32_epi32(y_sums, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+      per_sub_block = _mm256_sub_epi32(per_sub_block, _mm256_slli_epi32(y_sums, 7));
       sumi[c] = _mm256_mullo_epi32(per_sub_block, scales);
     }
+#else
+    signed_sums<C>(x, y, b, sumi, signed_table(), low4);
+#endif
   }
 };
 #endif
@@ -382,8 +412,7 @@ void register_iq4(KernelTable& t) {
   xs = {GGMLType::Q8_K, dequantize_row_iq4_xs, quantize_row_iq4_xs, vec_dot_iq4_xs_q8_k};
 #if defined(__AVX2__)
   nl.dequantize_row = dequantize_row_iq4_nl_avx2;
-  nl.vec_dot = vec_dot_tile<IQ4NLTile>;
-  nl.gemm_tile = gemm_tile<IQ4NLTile>;
+  use_avx2_kernels<SignedDot<IQ4NLTile>>(nl);
   xs.dequantize_row = dequantize_row_k<IQ4XSTile>;
   xs.vec_dot = vec_dot_k_tile<IQ4XSTile>;
   xs.gemm_tile = gemm_tile_k<IQ4XSTile>;
@@ -393,6 +422,8 @@ void register_iq4(KernelTable& t) {
 #endif
 #if defined(EMBER_HAS_K_PANELS)
   xs.gemm_panel = k_panel_kernel_for<IQ4XSTile>();
+#elif defined(EMBER_HAS_AVX2_K_PANELS)
+  xs.gemm_panel = gemm_panel_k8<IQ4XSTile>;
 #endif
 }
 

@@ -10,7 +10,6 @@
 #include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {

@@ -7,7 +7,6 @@
 #include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx512_panel.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -126,6 +125,8 @@ void quantize_row_q8_1_avx2(const float* src, void* dst, int64_t n) {
   }
 }
 
+// avx2_panel.h's and avx512_panel.h's traits: signed values for the AVX2 dot products
+// (SignedDot), unsigned ones with zero point 128 for vpdpbusd.
 struct Q8_0Tile {
   using BX = block_q8_0;
   using BY = block_q8_0;
@@ -133,8 +134,6 @@ struct Q8_0Tile {
   static constexpr int kZeroShift = 7;  // unsigned as q + 128
   static __m256i unpack(const BX& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
   static __m256i unpack_unsigned(const BX& b) { return _mm256_xor_si256(unpack(b), _mm256_set1_epi8(char(0x80))); }
-  static __m256i y_sums(__m256i qy) { return qy; }
-  static __m256 dot(__m256i qx, __m256i qy, __m256i) { return dot_i8_i8_f32(qx, qy); }
 };
 #endif
 
@@ -147,8 +146,7 @@ void register_q8(KernelTable& t) {
 #if defined(__AVX2__)
   t.types[static_cast<int>(GGMLType::Q8_0)].quantize_row = quantize_row_q8_0_avx2;
   t.types[static_cast<int>(GGMLType::Q8_1)].quantize_row = quantize_row_q8_1_avx2;
-  t.types[static_cast<int>(GGMLType::Q8_0)].vec_dot = vec_dot_tile<Q8_0Tile>;
-  t.types[static_cast<int>(GGMLType::Q8_0)].gemm_tile = gemm_tile<Q8_0Tile>;
+  use_avx2_kernels<SignedDot<Q8_0Tile>>(t.types[static_cast<int>(GGMLType::Q8_0)]);
   t.types[static_cast<int>(GGMLType::Q8_0)].pack_panel = pack_panel<block_q8_0>;
   t.types[static_cast<int>(GGMLType::Q8_1)].pack_panel = pack_panel<block_q8_1>;
 #endif

@@ -221,7 +221,7 @@ def test_k_quant_kernels_at_the_extremes(isa, t, fill, sign, n_tokens):
     assert_matches_numpy(run_matmul(matmul_graph(t, w_raw, n_in, n_out, n_threads=1), x), t, w_raw, x)
 
 
-BLOCK_32_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
+BLOCK_32_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL]
 
 
 @pytest.mark.parametrize("t", BLOCK_32_TYPES, ids=lambda t: TYPES[t].name)
@@ -230,10 +230,11 @@ BLOCK_32_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GG
 @pytest.mark.parametrize("n_tokens", [1, 3, 16, 21])
 def test_16_bit_block_sums_at_their_extremes(isa, t, fill, sign, n_tokens):
     """Every quant byte one pattern (0xFF: every Q4 nibble 15, every Q5 quant 31, Q8_0's -1;
-    0x7F and 0x80: Q8_0's 127 and -128) against activations of one magnitude, all quantized to
-    +-127: the AVX2 kernels add products in 16-bit lanes up to near the int16 limit (16 products
-    of 15 * 127, 30480; Q5's 8 products of 31 * 127, 31496; Q8_0's pairs of 128 * 127), for
-    decode, small batches and 16-token panels. The offset m of Q4_1 and Q5_1 is 0: its f16
+    0x7F and 0x80: Q8_0's 127 and -128; IQ4_NL's 0x00: every value -127, 0xFF: 113) against
+    activations of one magnitude, all quantized to +-127: the AVX2 kernels add products in 16-bit
+    lanes up to near the int16 limit (16 products of 15 * 127, 30480; Q5's 8 products of 31 * 127,
+    31496; the pairs of 128 * 127 of Q8_0 and of 127 * 127 of IQ4_NL, as magnitudes times
+    activations with the values' signs), for decode, small batches and 16-token panels. The offset m of Q4_1 and Q5_1 is 0: its f16
     product with Q8_1's s would blur the integer sums."""
     n_in, n_out = 512, 11
     info = TYPES[t]

@@ -13,7 +13,10 @@
 // combined at the end. So a prompt gives each token the bits it gets alone.
 //
 // A type plugs in through its avx2_k_tile.h Traits (kSub, kZeroShift, kMins, quants, scales, d,
-// dmin) plus kQuantMax, the largest of its unsigned quants.
+// dmin) plus kQuantMax, the largest of its unsigned quants. Where a pair of those could overflow
+// an int16 (IQ4_XS: values + 128, up to 241), the quants are taken as signed values (the zero
+// point off, q - 128), vpmaddubsw multiplies their magnitudes with the activations carrying their
+// signs (vpsignb), and each group's pair sums go to 32 bits through the scale at once.
 #pragma once
 #if defined(__AVX2__) && \
     !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__))
@@ -65,8 +68,12 @@ inline int32_t word_pair(int32_t lo, int32_t hi) {
 
 // One row's super-block unpacked for the panel kernel: the quants as 4-byte groups, and the scales,
 // zero-point and mins factors as word pairs to broadcast.
+template <typename T>
+constexpr bool kSignedK8 = T::kQuantMax > 127;  // a pair of products could overflow an int16
+
 struct UnpackedK8 {
-  alignas(32) int32_t q[QK_K / 4];
+  alignas(32) int32_t q[QK_K / 4];       // kSignedK8: the signed values q - 128
+  alignas(32) int32_t f[QK_K / 4];       // kSignedK8: their magnitudes
   int32_t scale[16];  // sub-block j: (sc_j, sc_j), against a vpmaddubsw's pairs of word sums
   int32_t zero[8];    // bsums pair p: (c_2p, c_2p + 1) with c_g the scale of bsum g's sub-block
   int32_t min[8];     // the same for the mins
@@ -75,7 +82,13 @@ struct UnpackedK8 {
   void set(const typename T::BX& x) {
     __m256i v[8];
     T::quants(x, v);
-    for (int i = 0; i < 8; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * i), v[i]);
+    for (int i = 0; i < 8; ++i) {
+      if constexpr (kSignedK8<T>) {
+        v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8(char(0x80)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(f + 8 * i), _mm256_sign_epi8(v[i], v[i]));
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * i), v[i]);
+    }
     int32_t sc[16] = {}, mn[16] = {};
     T::scales(x, sc, mn);
     for (int j = 0; j < QK_K / T::kSub; ++j) scale[j] = word_pair(sc[j], sc[j]);
@@ -120,8 +133,9 @@ template <typename T, int R, int H>
 inline void k8_panel_kernel(int64_t nb, float* out, size_t out_stride, const UnpackedK8* w, const PanelK8Block* panel,
                             int n_cols) {
   constexpr int kGroups = T::kSub / 4;  // 4-byte groups per sub-block
-  // Groups whose vpmaddubsw word sums (each |q0 y0 + q1 y1| <= 2 * kQuantMax * 128) add up in an int16.
-  constexpr int kDepth = std::min(kGroups, 32767 / (2 * T::kQuantMax * 128));
+  // Groups whose vpmaddubsw word sums (each |q0 y0 + q1 y1| <= 2 * kQuantMax * 128) add up in an
+  // int16 (kSignedK8: one, of magnitudes <= 128).
+  constexpr int kDepth = kSignedK8<T> ? 1 : std::min(kGroups, 32767 / (2 * T::kQuantMax * 128));
   static_assert(kDepth >= 1 && kGroups % kDepth == 0, "whole runs of groups per sub-block");
   PanelPartials8 partials[R];
   for (int r = 0; r < R; ++r) partials[r].clear();
@@ -132,6 +146,20 @@ inline void k8_panel_kernel(int64_t nb, float* out, size_t out_stride, const Unp
     for (int r = 0; r < R; ++r)
       for (int h = 0; h < H; ++h) scaled[r][h] = _mm256_setzero_si256();
     for (int j = 0; j < QK_K / T::kSub; ++j) {
+      if constexpr (kSignedK8<T>) {
+        __m256i scale[R];
+        for (int r = 0; r < R; ++r) scale[r] = _mm256_set1_epi32(wb[r].scale[j]);
+        for (int k = j * kGroups; k < (j + 1) * kGroups; ++k) {
+          __m256i a[H];
+          for (int h = 0; h < H; ++h) a[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs[k][8 * h]));
+          for (int r = 0; r < R; ++r) {
+            const __m256i v = _mm256_set1_epi32(wb[r].q[k]), f = _mm256_set1_epi32(wb[r].f[k]);
+            for (int h = 0; h < H; ++h)
+              scaled[r][h] = madd_acc_i16(scaled[r][h], _mm256_maddubs_epi16(f, _mm256_sign_epi8(a[h], v)), scale[r]);
+          }
+        }
+        continue;
+      }
       for (int k0 = j * kGroups; k0 < (j + 1) * kGroups; k0 += kDepth) {
         __m256i words[R][H];
         for (int r = 0; r < R; ++r)
@@ -158,7 +186,7 @@ inline void k8_panel_kernel(int64_t nb, float* out, size_t out_stride, const Unp
       const __m256 dy = _mm256_load_ps(p.d + 8 * h);
       for (int r = 0; r < R; ++r) {
         __m256i sum = scaled[r][h];
-        if constexpr (T::kZeroShift >= 0)
+        if constexpr (T::kZeroShift >= 0 && !kSignedK8<T>)
           sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(weighted_bsums(p, wb[r].zero, h), T::kZeroShift));
         float* S = partials[r].S[b % 8] + 8 * h;
         _mm256_store_ps(S, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dy, _mm256_set1_ps(wb[r].d)),

@@ -35,7 +35,6 @@
 
 #include "core/types.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 

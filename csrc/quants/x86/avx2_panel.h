@@ -15,13 +15,14 @@
 //   kOffset                                 whether a block pair adds m * s (Q4_1, Q5_1)
 //   unpack_unsigned(const BX&) -> __m256i   the 32 quants as unsigned bytes (Q8_0: q + 128)
 //   kZeroShift                              log2 of the zero point z, or -1 for none
+//   unpack(const BX&) -> __m256i            the 32 values as signed bytes (the SignedDot types)
 //
 // The AVX2 kernels (no vpdpbusd) multiply unsigned quants with signed activation bytes in
 // vpmaddubsw and add the products in 16-bit lanes, never more than fit below 2^15, so nothing
 // saturates and the block sums are exact: in a panel, a lane sums a block's 16 products of 4-bit
 // quants (Q4_0, Q4_1: at most 15 * 128 each), or 8 products of 5-bit quants (Q5_0, Q5_1: at most
 // 31 * 128 each, two sums per block); with rows in lanes, vpmaddubsw's pair sums go straight to
-// 32 bits. Q8_0, whose 8-bit quants these sums do not hold, keeps the tile kernels of avx2_tile.h.
+// 32 bits. Q8_0 and IQ4_NL, whose 8-bit values these sums do not hold, go through SignedDot (below).
 // - rows in lanes (decode and batches of up to 15 tokens): 8 weight rows transposed once per
 //   block, so that a broadcast 4-byte group of a token's activations meets group k of every row
 //   (rows8t_kernel); rows too long to stage their tokens' scales go through rows8_kernel;
@@ -30,6 +31,10 @@
 //   chunk k (pack_panel), so that a broadcast 4-byte group of one weight row meets all of them,
 //   two vectors of 8 tokens (panel_kernel_i16). The 5-bit types decode through rows8_kernel
 //   (their unpacked bytes are not transposed).
+// The types with signed 8-bit values (Q8_0, IQ4_NL's table values) go through SignedDot<T>:
+// vpmaddubsw multiplies each value's magnitude with the activation carrying the value's sign
+// (|q| <= 128, |qy| <= 127: the pair sums fit an int16), and every 4-product sum goes to 32 bits
+// before the next is added (rows8_kernel's lanes, panel_kernel_s8's groups).
 #pragma once
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -45,7 +50,6 @@
 #include "core/kernels.h"
 #include "core/types.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
@@ -62,6 +66,43 @@ static_assert(sizeof(PanelBlock) == kPanelBlockBytes, "PanelBlock");
 // Whether a type's unsigned quants are 4-bit (Q4_0, Q4_1); the others (Q5_0, Q5_1) are 5-bit.
 template <typename T>
 constexpr bool kNibbleQuants = std::is_same_v<typename T::BX, block_q4_0> || std::is_same_v<typename T::BX, block_q4_1>;
+// Whether a type packs its 32 nibbles as Q4_0 does (the types of kNibbleQuants, and IQ4_NL's
+// indices into its table).
+template <typename T>
+constexpr bool kPackedNibbles = kNibbleQuants<T> || std::is_same_v<typename T::BX, block_iq4_nl>;
+
+// A traits type (unpack: the block's 32 values as signed bytes) taken through the
+// signed dot products: no zero point.
+template <typename T>
+struct SignedDot : T {
+  static constexpr bool kSigned = true;
+  static constexpr int kZeroShift = -1;
+};
+
+// Whether a traits type is a SignedDot.
+template <typename T, typename = void>
+struct IsSignedDot : std::false_type {};
+template <typename T>
+struct IsSignedDot<T, std::void_t<decltype(T::kSigned)>> : std::bool_constant<T::kSigned> {};
+
+// A block's 32 values as the first operand of dot_u8_i8_i32: unsigned quants as they are, signed
+// ones as magnitudes (then block_dot moves their signs onto the activations).
+template <typename T>
+inline __m256i block_factors(const typename T::BX& x, __m256i& values) {
+  if constexpr (IsSignedDot<T>::value) {
+    values = T::unpack(x);
+    return _mm256_sign_epi8(values, values);
+  } else {
+    return values = T::unpack_unsigned(x);
+  }
+}
+
+// The 8 sums of 4 adjacent products of a block's values with activations qy (block_factors's).
+template <typename T>
+inline __m256i block_dot(__m256i factors, __m256i values, __m256i qy) {
+  if constexpr (IsSignedDot<T>::value) return dot_u8_i8_i32(factors, _mm256_sign_epi8(qy, values));
+  else return dot_u8_i8_i32(factors, qy);
+}
 
 // The sum of a block's 32 activation quants.
 inline int block_sum(const int8_t* qs) {
@@ -131,13 +172,13 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
   const RowPrefetch prefetch(8, 16, x_stride, nb);  // the 8 rows after the next 8
   for (int64_t b = 0; b < nb; ++b) {
     prefetch.at(x, b);
-    __m256i qx[8];
-    for (int r = 0; r < 8; ++r) qx[r] = T::unpack_unsigned(xr[r][b]);
+    __m256i qx[8], vx[8];
+    for (int r = 0; r < 8; ++r) qx[r] = block_factors<T>(xr[r][b], vx[r]);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
     for (int c = 0; c < C; ++c) {  // one token at a time: 8 products in registers, not 8 C
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc[c][b].qs));
       __m256i p[8];
-      for (int r = 0; r < 8; ++r) p[r] = dot_u8_i8_i32(qx[r], qy);
+      for (int r = 0; r < 8; ++r) p[r] = block_dot<T>(qx[r], vx[r], qy);
       const __m256i isum = _mm256_sub_epi32(sum_lanes_8x8(p), _mm256_set1_epi32(zero_point_sum<T>(yc[c][b].qs)));
       const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(fp16_to_fp32(yc[c][b].d)));
       S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
@@ -211,7 +252,9 @@ void vec_dot_rows(int64_t n, float* out, const void* vx, const void* vy) {
   float S = 0.0f, O = 0.0f;
   for (int64_t b = 0; b < n / 32; ++b) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    const int isum = hsum_i32_8(dot_u8_i8_i32(T::unpack_unsigned(x[b]), qy)) - zero_point_sum<T>(y[b].qs);
+    __m256i values;
+    const __m256i factors = block_factors<T>(x[b], values);
+    const int isum = hsum_i32_8(block_dot<T>(factors, values, qy)) - zero_point_sum<T>(y[b].qs);
     S = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), S);
     if constexpr (T::kOffset) O = std::fma(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), O);
   }
@@ -232,7 +275,7 @@ inline __m256i broadcast_group(const int8_t* g) {
 // halves of one vector: unpacks within halves leave the rows in order) and then split.
 template <typename T>
 inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __m256i w[8]) {
-  static_assert(kNibbleQuants<T>, "unpack_transposed_8 transposes packed nibbles");
+  static_assert(kPackedNibbles<T>, "unpack_transposed_8 transposes packed nibbles");
   auto half = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[r][b].qs)); };
   __m256i p[4];
   for (int i = 0; i < 4; ++i) p[i] = _mm256_set_m128i(half(i + 4), half(i));
@@ -250,6 +293,8 @@ inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __
 // 8 weight rows of a nibble type (rows past n_rows repeat the last one; their sums are dropped)
 // x C tokens: the rows' quants transposed once per block, then per token 8 vpmaddubsw with its
 // broadcast groups give the 8 rows' block sums in the lanes, with no reduction across lanes.
+// A SignedDot type (IQ4_NL) looks its transposed nibbles up (T::values: signed bytes), and each
+// group's pair sums go to 32 bits before the next group's are added.
 template <typename T, int C>
 inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
                           const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
@@ -264,11 +309,20 @@ inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8
     __m256i w[8];
     unpack_transposed_8<T>(xr, b, w);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
+    __m256i f[8];  // SignedDot: the values' magnitudes (w: the values)
+    if constexpr (IsSignedDot<T>::value)
+      for (int k = 0; k < 8; ++k) w[k] = T::values(w[k]), f[k] = _mm256_sign_epi8(w[k], w[k]);
     for (int c = 0; c < C; ++c) {
       const int8_t* g = yc[c][b].qs;
-      __m256i sums = _mm256_maddubs_epi16(w[0], broadcast_group(g));
-      for (int k = 1; k < 8; ++k) sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(w[k], broadcast_group(g + 4 * k)));
-      __m256i isum = _mm256_madd_epi16(sums, ones);
+      __m256i isum;
+      if constexpr (IsSignedDot<T>::value) {
+        isum = dot_u8_i8_i32(f[0], _mm256_sign_epi8(broadcast_group(g), w[0]));
+        for (int k = 1; k < 8; ++k) isum = dot_u8_i8_acc(isum, f[k], _mm256_sign_epi8(broadcast_group(g + 4 * k), w[k]));
+      } else {
+        __m256i sums = _mm256_maddubs_epi16(w[0], broadcast_group(g));
+        for (int k = 1; k < 8; ++k) sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(w[k], broadcast_group(g + 4 * k)));
+        isum = _mm256_madd_epi16(sums, ones);
+      }
       if constexpr (T::kZeroShift >= 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(ys.zero[c][b]));
       const __m256 dxdy = _mm256_mul_ps(dx, _mm256_set1_ps(ys.d[c][b]));
       S[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dxdy, S[c]);
@@ -297,7 +351,7 @@ void gemm_rows_i16(int64_t n, float* out, size_t out_stride, const void* vx, siz
     constexpr int C = decltype(cols)::value;
     float* o = out + c * out_stride;
     const uint8_t* yc = y + c * y_stride;
-    if constexpr (kNibbleQuants<T>)
+    if constexpr (kPackedNibbles<T>)
       if (nb <= kMaxScaleBlocks)
         return rows_with_token_scales<T, C, 8>(nb, o, x, x_stride, n_rows, yc, y_stride, [&](float* o8, const uint8_t* x8,
                                                                                              int rows, const auto& ys) {
@@ -366,17 +420,69 @@ inline void panel_kernel_i16(int64_t nb, float* out, size_t out_stride, const ui
   }
 }
 
-// The AVX2 table's gemm_panel: n_rows weight rows x n_cols tokens, in panels.
+// R weight rows of signed values (T: a SignedDot) x one panel of up to 16 tokens, in two vectors
+// of 8: per 4-byte group of a row, its magnitudes meet the activations with the group's signs
+// (vpsignb), and each vpmaddubsw's pair sums go to 32 bits (vpmaddwd) before they are added.
+template <typename T, int R>
+inline void panel_kernel_s8(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride,
+                            const PanelBlock* panel, int n_cols) {
+  using BX = typename T::BX;
+  const BX* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const BX*>(x + r * x_stride);
+  __m256 S[R][2];
+  for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock& p = panel[b];
+    alignas(32) int8_t values[R][32], factors[R][32];
+    for (int r = 0; r < R; ++r) {
+      __m256i v;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(factors[r]), block_factors<T>(xr[r][b], v));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(values[r]), v);
+    }
+    // Reload each 4-byte group as a broadcast from memory (a load, no shuffle).
+    __asm__ volatile("" : : "r"(values), "r"(factors) : "memory");
+    __m256i isum[R][2];
+    for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i a[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(p.qs[k][0])),
+                            _mm256_load_si256(reinterpret_cast<const __m256i*>(p.qs[k][8]))};
+      for (int r = 0; r < R; ++r) {
+        const __m256i v = broadcast_group(values[r] + 4 * k), f = broadcast_group(factors[r] + 4 * k);
+        for (int h = 0; h < 2; ++h) isum[r][h] = dot_u8_i8_acc(isum[r][h], f, _mm256_sign_epi8(a[h], v));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dy = _mm256_load_ps(p.d + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 dxdy = _mm256_mul_ps(dy, _mm256_set1_ps(fp16_to_fp32(xr[r][b].d)));
+        S[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][h]), dxdy, S[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float sums[kPanelTokens];
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(sums + 8 * h, _mm256_add_ps(S[r][h], _mm256_setzero_ps()));
+    for (int c = 0; c < n_cols; ++c) out[c * out_stride + r] = sums[c];
+  }
+}
+
+// The AVX2 table's gemm_panel: n_rows weight rows x n_cols tokens, in panels (panel_kernel_i16,
+// or panel_kernel_s8 for a SignedDot type).
 template <typename T>
 void gemm_panel_i16(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* panels,
                     int n_rows, int n_cols) {
-  panels_by_row_groups<2, 1>(n, out, out_stride, vx, x_stride, panels, n_rows, n_cols,
-                             [&](auto rows, int64_t nb, float* o, const uint8_t* x, const PanelBlock* p, int cols) {
-                               panel_kernel_i16<T, decltype(rows)::value>(nb, o, out_stride, x, x_stride, p, cols);
-                             });
+  auto kernel = [&](auto rows, int64_t nb, float* o, const uint8_t* x, const PanelBlock* p, int cols) {
+    constexpr int R = decltype(rows)::value;
+    if constexpr (IsSignedDot<T>::value) panel_kernel_s8<T, R>(nb, o, out_stride, x, x_stride, p, cols);
+    else panel_kernel_i16<T, R>(nb, o, out_stride, x, x_stride, p, cols);
+  };
+  if constexpr (IsSignedDot<T>::value)
+    panels_by_row_groups<4, 2, 1>(n, out, out_stride, vx, x_stride, panels, n_rows, n_cols, kernel);
+  else panels_by_row_groups<2, 1>(n, out, out_stride, vx, x_stride, panels, n_rows, n_cols, kernel);
 }
 
-// Points a 4- or 5-bit type's kernels in the AVX2 table at the ones above.
+// Points a type's kernels in the AVX2 table at the ones above: a 4- or 5-bit type's traits, or
+// SignedDot of a type with signed 8-bit values (Q8_0, IQ4_NL).
 template <typename T>
 void use_avx2_kernels(TypeKernels& k) {
   k.vec_dot = vec_dot_rows<T>;

@@ -9,6 +9,24 @@
 
 namespace ember {
 
+// The f16 values h(0) .. h(n - 1), 1 <= n <= 8, as 8 floats (lanes from n on are 0). Inserted
+// lane by lane: a store-and-reload of a small array would stall on store forwarding.
+template <typename F>
+inline __m256 f16x8(F&& h, int n) {
+  __m128i v = _mm_cvtsi32_si128(h(0));
+  switch (n) {
+    case 8: v = _mm_insert_epi16(v, h(7), 7); [[fallthrough]];
+    case 7: v = _mm_insert_epi16(v, h(6), 6); [[fallthrough]];
+    case 6: v = _mm_insert_epi16(v, h(5), 5); [[fallthrough]];
+    case 5: v = _mm_insert_epi16(v, h(4), 4); [[fallthrough]];
+    case 4: v = _mm_insert_epi16(v, h(3), 3); [[fallthrough]];
+    case 3: v = _mm_insert_epi16(v, h(2), 2); [[fallthrough]];
+    case 2: v = _mm_insert_epi16(v, h(1), 1); [[fallthrough]];
+    default: break;
+  }
+  return _mm256_cvtph_ps(v);
+}
+
 inline float hsum_f32_8(__m256 x) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -66,12 +84,6 @@ inline __m256i dot_u8_i8_acc(__m256i acc, __m256i ax, __m256i sy) {
   return _mm256_add_epi32(acc, dot_u8_i8_i32(ax, sy));
 #endif
 }
-
-// Signed x signed: move x's sign onto y so the unsigned-by-signed instruction applies.
-inline __m256i dot_i8_i8_i32(__m256i x, __m256i y) {
-  return dot_u8_i8_i32(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-}
-inline __m256 dot_i8_i8_f32(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_i8_i8_i32(x, y)); }
 
 // acc + sums of adjacent products of int16 a and b, as 8 int32 lanes (vpdpwssd where available).
 inline __m256i madd_acc_i16(__m256i acc, __m256i a, __m256i b) {

@@ -32,7 +32,6 @@
 #include "core/types.h"
 #include "quants/x86/avx2_panel.h"
 #include "quants/x86/avx2_simd.h"
-#include "quants/x86/avx2_tile.h"
 
 namespace ember {
 namespace EMBER_ISA_NS {
