@@ -234,8 +234,8 @@ def test_16_bit_block_sums_at_their_extremes(isa, t, fill, sign, n_tokens):
     activations of one magnitude, all quantized to +-127: the AVX2 kernels add products in 16-bit
     lanes up to near the int16 limit (16 products of 15 * 127, 30480; Q5's 8 products of 31 * 127,
     31496; the pairs of 128 * 127 of Q8_0 and of 127 * 127 of IQ4_NL, as magnitudes times
-    activations with the values' signs), for decode, small batches and 16-token panels. The offset m of Q4_1 and Q5_1 is 0: its f16
-    product with Q8_1's s would blur the integer sums."""
+    activations with the values' signs), for decode, small batches and 16-token panels. The offset
+    m of Q4_1 and Q5_1 is 0: its f16 product with Q8_1's s would blur the integer sums."""
     n_in, n_out = 512, 11
     info = TYPES[t]
     blocks = np.full((n_out * n_in // info.block_size, info.type_size), fill, np.uint8)

@@ -66,14 +66,14 @@ inline int32_t word_pair(int32_t lo, int32_t hi) {
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
 }
 
-// One row's super-block unpacked for the panel kernel: the quants as 4-byte groups, and the scales,
-// zero-point and mins factors as word pairs to broadcast.
 template <typename T>
 constexpr bool kSignedK8 = T::kQuantMax > 127;  // a pair of products could overflow an int16
 
+// One row's super-block unpacked for the panel kernel: the quants as 4-byte groups, and the scales,
+// zero-point and mins factors as word pairs to broadcast.
 struct UnpackedK8 {
-  alignas(32) int32_t q[QK_K / 4];       // kSignedK8: the signed values q - 128
-  alignas(32) int32_t f[QK_K / 4];       // kSignedK8: their magnitudes
+  alignas(32) int32_t q[QK_K / 4];  // kSignedK8: the signed values q - 128
+  alignas(32) int32_t f[QK_K / 4];  // kSignedK8: their magnitudes (reloaded, not recomputed: faster)
   int32_t scale[16];  // sub-block j: (sc_j, sc_j), against a vpmaddubsw's pairs of word sums
   int32_t zero[8];    // bsums pair p: (c_2p, c_2p + 1) with c_g the scale of bsum g's sub-block
   int32_t min[8];     // the same for the mins
@@ -85,7 +85,7 @@ struct UnpackedK8 {
     for (int i = 0; i < 8; ++i) {
       if constexpr (kSignedK8<T>) {
         v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8(char(0x80)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(f + 8 * i), _mm256_sign_epi8(v[i], v[i]));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(f + 8 * i), _mm256_abs_epi8(v[i]));
       }
       _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * i), v[i]);
     }
@@ -153,9 +153,10 @@ inline void k8_panel_kernel(int64_t nb, float* out, size_t out_stride, const Unp
           __m256i a[H];
           for (int h = 0; h < H; ++h) a[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs[k][8 * h]));
           for (int r = 0; r < R; ++r) {
-            const __m256i v = _mm256_set1_epi32(wb[r].q[k]), f = _mm256_set1_epi32(wb[r].f[k]);
+            const __m256i v = _mm256_set1_epi32(wb[r].q[k]), magnitudes = _mm256_set1_epi32(wb[r].f[k]);
             for (int h = 0; h < H; ++h)
-              scaled[r][h] = madd_acc_i16(scaled[r][h], _mm256_maddubs_epi16(f, _mm256_sign_epi8(a[h], v)), scale[r]);
+              scaled[r][h] =
+                  madd_acc_i16(scaled[r][h], _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(a[h], v)), scale[r]);
           }
         }
         continue;
