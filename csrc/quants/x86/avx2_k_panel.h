@@ -73,7 +73,7 @@ constexpr bool kSignedK8 = T::kQuantMax > 127;  // a pair of products could over
 // zero-point and mins factors as word pairs to broadcast.
 struct UnpackedK8 {
   alignas(32) int32_t q[QK_K / 4];  // kSignedK8: the signed values q - 128
-  alignas(32) int32_t f[QK_K / 4];  // kSignedK8: their magnitudes (reloaded, not recomputed: faster)
+  alignas(32) int32_t f[QK_K / 4];  // kSignedK8: their magnitudes, broadcast beside the values
   int32_t scale[16];  // sub-block j: (sc_j, sc_j), against a vpmaddubsw's pairs of word sums
   int32_t zero[8];    // bsums pair p: (c_2p, c_2p + 1) with c_g the scale of bsum g's sub-block
   int32_t min[8];     // the same for the mins
