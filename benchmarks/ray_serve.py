@@ -1,7 +1,8 @@
 """ember on Ray Serve against as many plain `ember serve` processes on the same cores.
 
     python benchmarks/ray_serve.py [--model smollm2-135m] [--replicas 1,2] [--clients 8] [--tokens 32]
-                                   [--repeat 3] [--latency 20] [--parallel 4] [--plain-ray] [--record FILE]
+                                   [--repeat 3] [--latency 20] [--parallel 4] [--plain-ray] [--stream-interval MS]
+                                   [--record FILE]
 
 For each replica count n: n `ember serve` processes (-t 1, --parallel P, each on its own port; the
 clients take them in turn, as a round-robin load balancer would) and a local Ray cluster of
@@ -76,7 +77,8 @@ def latencies(url: str, n: int, banned: list[int]) -> dict[str, float]:
     return found
 
 
-def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int, plain: bool = False) -> str:
+def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int, plain: bool = False,
+              stream_interval_ms: float | None = None) -> str:
     import ray
     from ray import serve
 
@@ -91,8 +93,9 @@ def start_ray(n_replicas: int, model: str, parallel: int, n_ctx: int, plain: boo
     ray.init(num_cpus=n_replicas, include_dashboard=False, logging_level="warning", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(ember_app(model, replicas=n_replicas, threads=1, parallel=parallel, n_ctx=n_ctx), name="ember",
-              route_prefix="/")
+    interval = {} if stream_interval_ms is None else {"stream_interval": stream_interval_ms / 1000}
+    serve.run(ember_app(model, replicas=n_replicas, threads=1, parallel=parallel, n_ctx=n_ctx, **interval),
+              name="ember", route_prefix="/")
     return f"http://127.0.0.1:{port}"
 
 
@@ -105,10 +108,10 @@ def stop_ray() -> None:
 
 
 def measure(args, n: int, banned: list[int]) -> dict:
-    direct = [start_server(args.model, args.parallel, 1, args.ctx) for _ in range(n)]
+    direct = [start_server(args.model, args.parallel, 1, args.ctx, args.stream_interval) for _ in range(n)]
     direct_urls = [url for _, url in direct]
     try:
-        ray_url = start_ray(n, args.model, args.parallel, args.ctx, args.plain_ray)
+        ray_url = start_ray(n, args.model, args.parallel, args.ctx, args.plain_ray, args.stream_interval)
         try:
             for urls in (direct_urls, [ray_url]):  # warm up every slot
                 aggregate_speed(urls, n * args.parallel, 4, banned)
@@ -180,11 +183,20 @@ def affinity_report(args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stream_intervals(args) -> str:
+    if args.stream_interval is not None:
+        return f"{args.stream_interval:g} ms on both"
+    from ember.server.ray import STREAM_INTERVAL
+
+    return f"0 ms direct, {STREAM_INTERVAL * 1000:g} ms on Ray (the defaults)"
+
+
 def report(args, results: dict[int, dict]) -> str:
     lines = [f"# ember on Ray Serve against plain `ember serve` ({args.model})", "",
              f"- machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} logical CPUs, "
              f"load average at the start {args.load_before:.1f}, at the end {os.getloadavg()[0]:.1f}",
              f"- Ray cluster: {'Ray defaults (--plain-ray)' if args.plain_ray else 'ember cluster_environment'}",
+             f"- stream interval: {stream_intervals(args)}",
              f"- each engine: 1 thread, --parallel {args.parallel}, -c {args.ctx}; {args.clients} streaming clients "
              f"of {args.tokens} tokens; {args.latency} sequential requests per latency; median of {args.repeat} "
              "alternating rounds", "",
@@ -219,6 +231,9 @@ def main() -> None:
     parser.add_argument("--chats", type=int, default=0, help="measure the cache affinity of this many chats instead")
     parser.add_argument("--turns", type=int, default=4, help="turns per chat (with --chats)")
     parser.add_argument("--plain-ray", action="store_true", help="Ray's defaults, not ember's cluster_environment")
+    parser.add_argument("--stream-interval", type=float, default=None, metavar="MS",
+                        help="both servers' --stream-interval (default: each one's own, 0 direct, "
+                             "ember.server.ray.STREAM_INTERVAL on Ray)")
     parser.add_argument("--record", default=None, help="also write the report (markdown) to this file")
     args = parser.parse_args()
     args.load_before = os.getloadavg()[0]

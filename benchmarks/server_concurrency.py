@@ -70,10 +70,11 @@ def launch_server(name: str, command_on_port) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"{name} did not start")
 
 
-def start_server(model: str, parallel: int, threads: int | None, n_ctx: int):
+def start_server(model: str, parallel: int, threads: int | None, n_ctx: int, stream_interval_ms: float | None = None):
     return launch_server("ember serve", lambda port: [
         sys.executable, "-m", "ember", "serve", "-m", model, "--port", str(port), "--parallel", str(parallel),
-        "-c", str(n_ctx)] + (["-t", str(threads)] if threads else []))
+        "-c", str(n_ctx)] + (["-t", str(threads)] if threads else [])
+        + ([] if stream_interval_ms is None else ["--stream-interval", str(stream_interval_ms)]))
 
 
 def end_of_generation_ids(model: str) -> list[int]:

@@ -16,6 +16,7 @@ import os
 import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from types import SimpleNamespace
 
 import httpx
 import psutil
@@ -41,12 +42,16 @@ from ember.server.ray import (
     BODY_KEY,
     MAX_SCOPE_BODY,
     RETRY_AFTER_SECONDS,
+    CHOICE_LIFETIME,
     SESSION_HEADER,
+    STREAM_INTERVAL,
     CleanReplicaErrors,
+    SessionAffinityRouter,
     _BodyFromScope,
     build_app,
     cluster_environment,
     deployment_options,
+    least_busy,
     preferred_replicas,
 )
 
@@ -151,6 +156,54 @@ def test_a_session_keeps_its_replica_and_only_a_lost_replicas_sessions_move():
                for session in sessions if first[session] == "replica0")  # to their second choice
 
 
+class _Replica:
+    def __init__(self, name: str):
+        self.replica_id = SimpleNamespace(unique_id=name)
+
+
+def _request(request_id: str, session: str = "") -> SimpleNamespace:
+    return SimpleNamespace(metadata=SimpleNamespace(internal_request_id=request_id, session_id=session))
+
+
+def _router() -> SessionAffinityRouter:
+    router = object.__new__(SessionAffinityRouter)  # Ray's constructor wants a running Serve; the policy does not
+    router.initialize_state()
+    return router
+
+
+def test_requests_that_arrive_together_are_spread_over_the_replicas_by_their_ongoing_requests():
+    router, replicas = _router(), [_Replica(f"r{i}") for i in range(3)]
+
+    def first_choice(request_id: str, session: str = "") -> str:
+        ranks = asyncio.run(router.choose_replicas(replicas, _request(request_id, session)))
+        assert sorted(rank[0].replica_id.unique_id for rank in ranks) == ["r0", "r1", "r2"]  # all, one a rank
+        return ranks[0][0].replica_id.unique_id
+
+    chosen = [first_choice(f"q{i}") for i in range(9)]  # none has ended yet
+    assert sorted(chosen.count(r) for r in ("r0", "r1", "r2")) == [3, 3, 3]
+    for i in range(9):
+        if chosen[i] == "r1":
+            router.on_request_completed(SimpleNamespace(unique_id="r1"), f"q{i}")
+    assert [first_choice(f"p{i}") for i in range(3)] == ["r1"] * 3  # the replica whose requests ended
+    # a session goes to its own replica whatever the load, and counts there
+    own = preferred_replicas("chat", ["r0", "r1", "r2"])[0]
+    assert first_choice("s0", session="chat") == own
+    assert router._ongoing()[own] == 4
+    # a choice made again for the same request (Ray's back-off) replaces the first
+    first_choice("s0", session="chat")
+    assert router._ongoing()[own] == 4
+
+
+def test_a_choice_never_sent_lapses():
+    router = _router()
+    asyncio.run(router.choose_replicas([_Replica("r0")], _request("gone")))
+    assert router._ongoing() == {"r0": 1}
+    replica, when = router._chosen["gone"]
+    router._chosen["gone"] = (replica, when - CHOICE_LIFETIME - 1)
+    assert router._ongoing() == {}
+    assert least_busy({"a": 2, "b": 0, "c": 1}, ["a", "b", "c"]) == ["b", "c", "a"]
+
+
 def test_replicas_are_fixed_or_autoscaled_on_ongoing_requests():
     fixed = deployment_options(replicas=3, threads=2, parallel=8)
     assert (fixed["num_replicas"], fixed["ray_actor_options"], fixed["max_ongoing_requests"]) == (3, {"num_cpus": 2}, 16)
@@ -178,6 +231,8 @@ def test_a_replica_takes_its_slots_and_as_many_waiting_as_its_queue_holds():
     ({"model": "m", "threads": 0}, "threads must be a positive whole number, not 0"),
     ({"model": "m", "min_replicas": 3, "max_replicas": 2}, r"max_replicas \(2\) is below min_replicas \(3\)"),
     ({"model": "m", "slots_endpoint": "maybe"}, "slots_endpoint must be true or false"),
+    ({"model": "m", "stream_interval": "-0.5"}, r"stream_interval must be a number of seconds >= 0, not -0.5"),
+    ({"model": "m", "stream_interval": "soon"}, "stream_interval must be a number, not 'soon'"),
 ])
 def test_bad_application_arguments_are_one_line_errors(args, message):
     with pytest.raises(EmberError, match=message):
@@ -212,13 +267,14 @@ def test_serve_run_with_key_value_arguments_builds_an_application():
     app = call_user_app_builder_with_args_if_necessary(build_app, {"model": MODEL, "replicas": "3", "threads": "2"})
     deployment = app._bound_deployment
     assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"]) == (3, 2)
-    assert deployment.init_args == (MODEL, {"n_threads": 2, "parallel": 4})
+    assert deployment.init_args == (MODEL, {"n_threads": 2, "parallel": 4, "stream_interval": STREAM_INTERVAL})
 
 
 def test_every_engine_option_of_ember_serve_reaches_the_replicas():
     flags = ["serve", "--ray", "-m", MODEL, "-t", "2", "--parallel", "3", "-c", "256", "-b", "64", "--queue-size", "7",
              "--api-key", "key", "--activations", "f32", "--no-mmap", "--no-huge-pages", "--mlock", "--chat-template", "chatml",
-             "--cors-origins", "*", "--no-slots", "-ctk", "q8_0", "-ctv", "f32", "--replicas", "2"]
+             "--cors-origins", "*", "--no-slots", "-ctk", "q8_0", "-ctv", "f32", "--stream-interval", "20",
+             "--replicas", "2"]
     deployment = ray_application(build_parser().parse_args(flags))._bound_deployment
     assert (deployment.num_replicas, deployment.ray_actor_options["num_cpus"], deployment.max_ongoing_requests) == \
         (2, 2, 6)
@@ -227,7 +283,7 @@ def test_every_engine_option_of_ember_serve_reaches_the_replicas():
     assert options == {"n_threads": 2, "parallel": 3, "n_ctx": 256, "n_batch": 64, "queue_size": 7, "api_key": "key",
                        "activations": "f32", "use_mmap": False, "use_mlock": True, "chat_template": "chatml",
                        "cors_origins": "*", "slots_endpoint": False, "type_k": "q8_0", "type_v": "f32",
-                       "huge_pages": False}
+                       "huge_pages": False, "stream_interval": 0.02}
     # every option build_server takes is one of them: a new one cannot be left behind unnoticed
     assert set(options) == set(inspect.signature(build_server).parameters) - {"model"}
 
@@ -237,7 +293,8 @@ def test_the_application_arguments_are_build_servers_options():
     assert server <= set(APP_ARGS)
     app = build_app({"model": MODEL, "type_k": "q8_0", "type_v": "q8_0", "use_mmap": "false", "n_batch": "128"})
     assert app._bound_deployment.init_args[1] == {"type_k": "q8_0", "type_v": "q8_0", "use_mmap": False,
-                                                  "n_batch": 128, "n_threads": 1, "parallel": 4}
+                                                  "n_batch": 128, "n_threads": 1, "parallel": 4,
+                                                  "stream_interval": STREAM_INTERVAL}
     with pytest.raises(EmberError, match="n_threads is set by the Ray application's threads"):
         from ember.server.ray import ember_app
 
@@ -480,6 +537,18 @@ def test_16_concurrent_clients_get_what_ember_serve_answers(ray_server, referenc
     assert [without_replica(a) for a in answers] == [without_replica(a) for a in reference["answers"]]
     assert all(a["status"] == 200 and a["complete"] for a in answers)
     assert len({a["replica"] for a in answers}) == 2  # both replicas served
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_streams_that_start_together_fill_both_replicas_slots_evenly(ray_server):
+    # 8 streams on 2 replicas of 4 slots: 5 on one would leave a stream waiting for a whole answer
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
+    for burst in range(3):
+        answers = ask_all(ray_server, [("/v1/completions", body)] * 8)
+        assert all(a["status"] == 200 and a["complete"] for a in answers)
+        replicas = [a["replica"] for a in answers]
+        assert sorted(replicas.count(r) for r in set(replicas)) == [4, 4], f"burst {burst}: {replicas}"
 
 
 @pytest.mark.model

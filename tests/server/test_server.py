@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -36,6 +37,7 @@ MODEL = "smollm2-135m"
 N_CTX = 512
 N_SLOTS = 8
 API_KEY = "sekret-key"
+STREAM_INTERVAL_MS = 100
 NO_END = {"0": -100, "2": -100, "4": -100}  # bans smollm2's end-of-generation tokens: replies run to max_tokens
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -56,10 +58,10 @@ def server():
 
 @pytest.fixture(scope="module")
 def guarded_server():
-    """One slot, one place in the queue, and an API key."""
+    """One slot, one place in the queue, an API key, and streams sent at most every 100 ms."""
     resolve_model(MODEL)
     process = ServerProcess("-m", MODEL, "-c", str(N_CTX), "--parallel", "1", "--queue-size", "1",
-                            "--api-key", API_KEY).wait_ready()
+                            "--api-key", API_KEY, "--stream-interval", str(STREAM_INTERVAL_MS)).wait_ready()
     yield process.url
     process.stop()
 
@@ -593,6 +595,28 @@ def test_past_the_queue_requests_get_503_with_retry_after(guarded_server):
             assert refused.headers["retry-after"] == "1"
     after = httpx.post(url, json={"messages": QUESTION, "max_tokens": 2}, headers=auth, timeout=60)
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_a_stream_interval_sends_the_tokens_in_pieces_and_changes_no_event(server, guarded_server):
+    body = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "stream": True, "logit_bias": NO_END}
+
+    def pieces(url: str, headers: dict) -> tuple[list[tuple[float, bytes]], float]:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as response:
+            start = time.perf_counter()
+            got = [(time.perf_counter() - start, piece) for piece in response.iter_raw()]
+        return got, time.perf_counter() - start
+
+    def events(got) -> list[bytes]:
+        return re.sub(rb'"created": [0-9]+', b"", re.sub(rb'"id": "[^"]*"', b"", b"".join(p for _, p in got))).split(b"\n\n")
+
+    plain, _ = pieces(server, {})
+    held, seconds = pieces(guarded_server, {"Authorization": f"Bearer {API_KEY}"})
+    assert events(held) == events(plain) and len(events(held)) > 48
+    times = [t for t, _ in held]
+    # pieces no closer than the interval (the last, with the end, is not held back), so at most
+    # one piece per interval of the stream's time plus the first and the last
+    assert all(b - a >= STREAM_INTERVAL_MS / 1000 - 0.01 for a, b in zip(times, times[1:-1]))
+    assert len(held) <= seconds * 1000 / STREAM_INTERVAL_MS + 2 < len(plain)
 
 
 def test_api_key_is_required_when_set(guarded_server):

@@ -91,6 +91,46 @@ def test_the_events_of_one_step_wake_the_loop_once():
     run(main())
 
 
+def test_with_an_interval_the_steps_between_travel_together_and_the_end_is_not_held():
+    interval = 0.2
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        events = JobEvents()
+        start = loop.time()
+
+        def step(i):
+            events.push(Chunk(str(i), []))
+
+        for i in range(10):  # a step every 40 ms: 0, 40, ..., 360 ms, then the end at 370 ms
+            loop.call_later(0.04 * i, step, i)
+        loop.call_later(0.37, events.push, Finished("stop", {}))
+        got = []
+        async for batch in events.batches(interval):
+            got.append((loop.time() - start, [e.text if isinstance(e, Chunk) else "end" for e in batch]))
+        return got
+
+    got = run(main())
+    times, batches = [t for t, _ in got], [b for _, b in got]
+    assert [e for batch in batches for e in batch] == [str(i) for i in range(10)] + ["end"]
+    assert batches[0] == ["0"] and times[0] < 0.03  # the first step's events at once
+    assert all(later - earlier >= interval - 0.01 for earlier, later in zip(times, times[1:-1]))
+    assert len(batches) == 3  # 0 ms; 200 ms: steps 1-5; the end at 370 ms with steps 6-9
+    assert times[-1] < 0.37 + 0.05  # not at 400 ms, when the interval would have ended
+
+
+def test_without_an_interval_each_step_goes_as_it_comes():
+    async def main():
+        loop = asyncio.get_running_loop()
+        events = JobEvents()
+        for i in range(5):
+            loop.call_later(0.02 * i, events.push, Chunk(str(i), []))
+        loop.call_later(0.1, events.push, Finished("stop", {}))
+        return [batch async for batch in events.batches()]
+
+    assert len(run(main())) == 6
+
+
 def test_abandon_ends_the_events_and_a_closed_loop_refuses_more():
     async def main():
         events = JobEvents()

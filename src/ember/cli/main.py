@@ -364,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "* (any), a comma-separated list, or '' (none)")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
                    help="the /slots monitoring endpoint")
+    p.add_argument("--stream-interval", type=_non_negative_float, default=None, metavar="MS",
+                   help="a stream sends its new tokens at most every MS milliseconds, those of the steps between "
+                        "in one piece (default: 0, each step's at once; on Ray replicas 50)")
     ray = p.add_argument_group("scale-out on Ray Serve (pip install 'ember[ray]'; RAY_ADDRESS names a cluster)")
     ray.add_argument("--ray", action="store_true",
                      help="serve through Ray Serve's proxy on --host/--port, each replica an ember engine of "

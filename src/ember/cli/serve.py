@@ -106,11 +106,13 @@ def serve_on_ray(args) -> int:
 
 def server_options(args) -> dict:
     """build_server's options from `ember serve`'s flags (all but the model, threads and slots),
-    the same for one process and for every Ray replica."""
+    the same for one process and for every Ray replica (--stream-interval only where given: the
+    two defaults differ)."""
     return dict(n_ctx=args.ctx_size, queue_size=args.queue_size, api_key=args.api_key, activations=args.activations,
                 n_batch=batch_size(args), use_mmap=args.mmap, use_mlock=args.mlock, chat_template=args.chat_template,
                 cors_origins=args.cors_origins, slots_endpoint=args.slots, type_k=args.cache_type_k,
-                type_v=args.cache_type_v, huge_pages=args.huge_pages)
+                type_v=args.cache_type_v, huge_pages=args.huge_pages,
+                **({} if args.stream_interval is None else {"stream_interval": args.stream_interval / 1000}))
 
 
 def ray_application(args):

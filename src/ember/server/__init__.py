@@ -23,7 +23,8 @@ def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = N
                  queue_size: int = 64, api_key: str | None = None, activations: str = "int8", n_batch: int = 512,
                  use_mmap: bool = True, use_mlock: bool = False, chat_template: str | None = None,
                  cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True,
-                 type_k: str | None = None, type_v: str | None = None, huge_pages: bool = True):
+                 type_k: str | None = None, type_v: str | None = None, huge_pages: bool = True,
+                 stream_interval: float = 0.0):
     """The app and its scheduler (started) for a model name or path (see create_app for CORS and /slots)."""
     loaded = load(model, n_ctx=n_ctx, n_threads=n_threads, n_seq=parallel, activations=activations, n_batch=n_batch,
                   use_mmap=use_mmap, use_mlock=use_mlock, chat_template=chat_template, type_k=type_k, type_v=type_v,
@@ -32,5 +33,5 @@ def build_server(model: str, n_ctx: int | None = None, n_threads: int | None = N
     metrics = Metrics()
     scheduler = Scheduler(loaded.model, loaded.tokenizer, queue_size=queue_size, metrics=metrics).start()
     app = create_app(llm, scheduler, metrics, api_key=api_key, cors_origins=cors_origins,
-                     slots_endpoint=slots_endpoint)
+                     slots_endpoint=slots_endpoint, stream_interval=stream_interval)
     return app, scheduler

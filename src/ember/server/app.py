@@ -74,11 +74,14 @@ ROUTES = ("/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions
 
 
 def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None = None,
-               cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True) -> FastAPI:
+               cors_origins: str = DEFAULT_CORS_ORIGINS, slots_endpoint: bool = True,
+               stream_interval: float = 0.0) -> FastAPI:
     """The app serving `llm` (an ember.LLM: its tokenizer, chat template and name) through `scheduler`.
 
     cors_origins: "localhost" (default: pages served from this machine), "*" (any page), or a
     comma-separated list of origins; "" sends no CORS headers. slots_endpoint=False hides /slots.
+    stream_interval: a stream sends its tokens at most this often (seconds; 0: each step's as it
+    comes), those of the steps between in one piece.
     """
     templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="ember-template")
     embedding = threading.Lock()  # one embeddings or rerank request at a time on the embedding graph
@@ -150,7 +153,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
         prompt = body.prompt
         tokens = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(llm.prompt_tokens, prompt)
         response = ResponseFormat(False, llm.name, llm.tokenizer, logprobs=body.logprobs is not None)
-        return await _generate(request, scheduler, tokens, body, response, grammar)
+        return await _generate(request, scheduler, tokens, body, response, grammar, stream_interval=stream_interval)
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(request: Request):
@@ -167,7 +170,7 @@ def create_app(llm, scheduler: Scheduler, metrics: Metrics, api_key: str | None 
         response = ResponseFormat(True, llm.name, llm.tokenizer, logprobs=body.logprobs, tools=prompt.tools,
                                   thinking=thinking)
         return await _generate(request, scheduler, prompt.tokens, body, response, prompt.grammar,
-                               keep_special=prompt.tools is not None)
+                               keep_special=prompt.tools is not None, stream_interval=stream_interval)
 
     @app.post("/v1/embeddings", dependencies=authorized)
     async def embeddings(request: Request):
@@ -275,7 +278,7 @@ def _constraint(body):
 
 
 async def _generate(request: Request, scheduler: Scheduler, tokens: list[int], body, response: ResponseFormat,
-                    grammar=None, keep_special: bool = False):
+                    grammar=None, keep_special: bool = False, stream_interval: float = 0.0):
     params = SamplingParams(**body.sampling_kwargs(body.DEFAULT_TEMPERATURE), grammar=grammar)
     events = JobEvents()
     job_args = (tokens, params, body.max_new_tokens, body.stop or [], body.n_logprobs, events.deliver, keep_special)
@@ -285,7 +288,7 @@ async def _generate(request: Request, scheduler: Scheduler, tokens: list[int], b
         raise APIError(400, str(error), param=body.constraint_field or "tool_choice") from None
     scheduler.submit(job)
     if body.stream:
-        return StreamingResponse(event_stream(scheduler, job, events, response, body.include_usage),
+        return StreamingResponse(event_stream(scheduler, job, events, response, body.include_usage, stream_interval),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return await whole_response(request, scheduler, job, events, response)

@@ -12,7 +12,8 @@ Ray brings the rest: placing replicas on nodes (`threads` CPUs each), restarting
 
 Routing keeps a conversation's KV cache warm: requests carrying the same `X-Session-ID`
 header go to the same replica (SessionAffinityRouter), whose scheduler then reuses the cached
-prefix of the growing chat; requests without one go to the less busy of two random replicas.
+prefix of the growing chat; requests without one go to the replica with the fewest under way.
+A stream's tokens go to the proxy at most every STREAM_INTERVAL seconds (one Ray message each).
 Every answer names its replica in the `X-Ember-Replica` header.
 
 A replica that dies mid-request (its process killed, its node lost) leaves Ray's proxy with
@@ -25,9 +26,11 @@ OpenAI-style error body, or for a stream already under way an error event, then 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import random
+import time
 
 from ray import serve
 from ray.serve.request_router import RequestRouter
@@ -42,6 +45,8 @@ DEFAULT_PARALLEL = 4
 RETRY_AFTER_SECONDS = 1
 BODY_KEY = "ember.body"  # a request's body, read by the proxy, travels in its ASGI scope under this key
 MAX_SCOPE_BODY = 64 << 10  # bodies up to this size travel so (larger ones the replica reads from the proxy)
+CHOICE_LIFETIME = 3600.0  # seconds a routing choice counts as an ongoing request at most
+STREAM_INTERVAL = 0.05  # seconds: a replica's streams send their tokens at most this often (one Ray message each)
 
 CONFIG_EXAMPLE = """\
 # serve run ember.config.yaml   (or: serve deploy ember.config.yaml on a running cluster)
@@ -61,15 +66,44 @@ class SessionAffinityRouter(RequestRouter):
     """Ray Serve request router: a request with a session id (Ray's proxy takes it from the
     X-Session-ID header) prefers the replicas in the order of their rendezvous hash with it,
     so a session keeps its replica while that one lives and accepts work, and only the sessions
-    of a replica that went away move; requests without one go to the shorter queue of two
-    random replicas."""
+    of a replica that went away move; a request without one prefers the replicas with the
+    fewest requests this router gave them that have not ended (ties in random order).
+
+    The router counts those itself, from the moment it chooses: Ray's own queue lengths go stale
+    after a pause (RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S), and then requests that arrive together
+    are all routed on the same probe's answer, so that 8 streams on 2 replicas of 4 slots split
+    5 and 3 and one waits for a whole answer."""
+
+    def initialize_state(self, **kwargs):
+        self._chosen: dict[str, tuple[str, float]] = {}  # request id -> (replica id, when chosen)
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
-        session = pending_request.metadata.session_id if pending_request is not None else ""
-        if not session or not candidate_replicas:
-            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        if not candidate_replicas:
+            return []
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        return [[by_id[replica]] for replica in preferred_replicas(session, list(by_id))]
+        session = pending_request.metadata.session_id if pending_request is not None else ""
+        order = preferred_replicas(session, list(by_id)) if session else least_busy(self._ongoing(), list(by_id))
+        if pending_request is not None:
+            self._chosen[pending_request.metadata.internal_request_id] = (order[0], time.monotonic())
+        return [[by_id[replica]] for replica in order]
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        self._chosen.pop(internal_request_id, None)
+
+    def _ongoing(self) -> dict[str, int]:
+        """Requests per replica id that this router chose and that have not ended (entries of
+        requests that were never sent, as when their client left while they waited, lapse
+        after CHOICE_LIFETIME seconds)."""
+        now = time.monotonic()
+        for request, (_, when) in list(self._chosen.items()):
+            if now - when > CHOICE_LIFETIME:
+                del self._chosen[request]
+        return collections.Counter(replica for replica, _ in self._chosen.values())
+
+
+def least_busy(ongoing: dict[str, int], replicas: list[str]) -> list[str]:
+    """The replica ids by their count of ongoing requests, fewest first, ties in random order."""
+    return sorted(random.sample(replicas, len(replicas)), key=lambda replica: ongoing.get(replica, 0))
 
 
 def preferred_replicas(session: str, replicas: list[str]) -> list[str]:
@@ -343,7 +377,12 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
               min_replicas: int | None = None, max_replicas: int | None = None,
               target_ongoing_requests: float | None = None, **server_options):
     """The Ray Serve application serving `model` (server_options: build_server's, such as n_ctx,
-    queue_size, api_key, activations, type_k; n_threads and parallel are `threads` and `parallel`)."""
+    queue_size, api_key, activations, type_k; n_threads and parallel are `threads` and `parallel`;
+    stream_interval defaults to STREAM_INTERVAL here)."""
+    server_options.setdefault("stream_interval", STREAM_INTERVAL)
+    interval = server_options["stream_interval"]
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < float("inf"):
+        raise EmberError(f"stream_interval must be a number of seconds >= 0, not {interval!r}")
     taken = sorted(set(server_options) & {"n_threads", "parallel"})
     if taken:
         raise EmberError(f"{taken[0]} is set by the Ray application's threads and parallel, not as a server option")
@@ -356,7 +395,7 @@ def ember_app(model: str, replicas: int | None = 1, threads: int = 1, parallel: 
 APP_ARGS = {"model": str, "replicas": int, "threads": int, "parallel": int, "min_replicas": int, "max_replicas": int,
             "target_ongoing_requests": float, "n_ctx": int, "queue_size": int, "api_key": str, "activations": str,
             "n_batch": int, "use_mmap": bool, "use_mlock": bool, "huge_pages": bool, "chat_template": str, "cors_origins": str,
-            "slots_endpoint": bool, "type_k": str, "type_v": str}
+            "slots_endpoint": bool, "type_k": str, "type_v": str, "stream_interval": float}
 
 
 def build_app(args: dict):

@@ -70,6 +70,7 @@ class JobEvents:
         self._mailbox = _mailbox(self._loop)
         self._pending: deque = deque()
         self._waiter: asyncio.Future | None = None
+        self._holding = False  # the waiter wakes only for the job's end (batches' interval)
 
     def deliver(self, event) -> None:
         """Called from the scheduler thread."""
@@ -82,24 +83,39 @@ class JobEvents:
     def push(self, event) -> None:
         """Add an event (in this loop)."""
         self._pending.append(event)
-        if self._waiter is not None and not self._waiter.done():
+        if self._waiter is not None and not self._waiter.done() and (not self._holding or _ends(event)):
             self._waiter.set_result(None)
 
-    async def batches(self) -> AsyncIterator[list]:
+    async def _wait(self, timeout: float | None = None) -> None:
+        self._waiter = self._loop.create_future()
+        self._holding = timeout is not None
+        try:
+            if timeout is None:
+                await self._waiter
+            else:
+                await asyncio.wait([self._waiter], timeout=timeout)
+        finally:
+            self._waiter, self._holding = None, False
+
+    async def batches(self, interval: float = 0.0) -> AsyncIterator[list]:
         """The events as they come, those already waiting together; the last list ends with
-        the job's Finished or Failed."""
+        the job's Finished or Failed. With an interval (seconds), a list follows the one before
+        it no sooner than that: the events of the steps between travel together (the job's end
+        is not held back)."""
+        last = None
         while True:
             while not self._pending:
-                self._waiter = self._loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+                await self._wait()
+            if interval > 0 and last is not None and not any(_ends(event) for event in self._pending):
+                remaining = last + interval - self._loop.time()
+                if remaining > 0:
+                    await self._wait(remaining)
+            last = self._loop.time()
             batch = []
             while self._pending:
                 event = self._pending.popleft()
                 batch.append(event)
-                if isinstance(event, (Finished, Failed)):
+                if _ends(event):
                     yield batch
                     return
             yield batch
@@ -130,12 +146,13 @@ async def whole_response(request, scheduler: Scheduler, job: Job, events: JobEve
 
 
 async def event_stream(scheduler: Scheduler, job: Job, events: JobEvents, response: ResponseFormat,
-                       include_usage: bool) -> AsyncIterator[str]:
-    """The job's chunks as server-sent events, ending with `data: [DONE]`."""
+                       include_usage: bool, interval: float = 0.0) -> AsyncIterator[str]:
+    """The job's chunks as server-sent events, ending with `data: [DONE]`; a piece of the
+    response at most every `interval` seconds after the first (JobEvents.batches)."""
     try:
         for chunk in response.opening_chunks():
             yield _event(chunk)
-        async for batch in events.batches():
+        async for batch in events.batches(interval):
             out = []
             for event in batch:
                 if isinstance(event, Finished):
@@ -155,6 +172,10 @@ async def event_stream(scheduler: Scheduler, job: Job, events: JobEvents, respon
     finally:  # also when the client went away and Starlette cancelled the response
         if not job.done:
             scheduler.cancel(job)
+
+
+def _ends(event) -> bool:
+    return isinstance(event, (Finished, Failed))
 
 
 def _event(payload: dict) -> str:
