@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from runner import run_at_once
 from server_concurrency import PROMPTS, client, end_of_generation_ids, free_port, start_server, stream
 
-from ember.server.ray import REPLICA_HEADER, SESSION_HEADER
+from ember.server.ray import REPLICA_HEADER, SESSION_HEADER, STREAM_INTERVAL
 from ember.sysinfo import cpu_name
 
 
@@ -186,8 +186,6 @@ def affinity_report(args) -> str:
 def stream_intervals(args) -> str:
     if args.stream_interval is not None:
         return f"{args.stream_interval:g} ms on both"
-    from ember.server.ray import STREAM_INTERVAL
-
     return f"0 ms direct, {STREAM_INTERVAL * 1000:g} ms on Ray (the defaults)"
 
 

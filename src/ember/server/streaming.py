@@ -106,7 +106,7 @@ class JobEvents:
         while True:
             while not self._pending:
                 await self._wait()
-            if interval > 0 and last is not None and not any(_ends(event) for event in self._pending):
+            if interval > 0 and last is not None and not _ends(self._pending[-1]):  # nothing follows the end
                 remaining = last + interval - self._loop.time()
                 if remaining > 0:
                     await self._wait(remaining)
