@@ -68,7 +68,6 @@ struct Q4KTile {
   using BY = block_q8_K;
   static constexpr int kSub = 32, kZeroShift = -1;
   static constexpr bool kMins = true;
-  static constexpr bool kPrefetchRows = true;  // avx2_k_tile.h: prefetch_rows
   static constexpr int kQuantMax = 15;  // the largest unsigned quant
   // The 256 quants (0..15) as bytes, sub-block s in q[s].
   static void quants(const BX& x, __m256i q[8]) {

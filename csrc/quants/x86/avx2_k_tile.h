@@ -8,7 +8,6 @@
 //                   below), as 8 int32 lanes whose totals are scaled_b and mins_b below (mins
 //                   untouched without kMins)
 //   line(const block_q8_K&, Q8KLine&)   optional: the type's own layout of the Q8KLine copy
-//   kPrefetchRows   optional, true: the decode kernels fetch short rows ahead (prefetch_rows)
 // (and for the kernels with tokens in lanes and dequantize_row_k, avx512_k_panel.h's members).
 //
 // Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
@@ -43,24 +42,15 @@ inline __m256i first_lanes(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// Whether a type's Traits ask for prefetch_rows (static constexpr bool kPrefetchRows = true).
-template <typename T, typename = void>
-struct PrefetchesRows : std::false_type {};
-template <typename T>
-struct PrefetchesRows<T, std::void_t<decltype(T::kPrefetchRows)>> : std::bool_constant<T::kPrefetchRows> {};
-
-// The decode kernels read the weight rows in order; for rows of up to 8 super-blocks, and the
-// types whose kernels outrun the hardware prefetcher there (Q4_K: benchmarks/RESULTS.md),
-// each group of super-blocks also fetches into L2 the bytes kRowPrefetchBytes further on.
+// The decode kernels read their weight rows in order, a group of super-blocks at a time, and
+// each group also fetches into L2 the bytes kRowPrefetchBytes further on: the hardware
+// prefetcher alone leaves two threads' streams (and one thread's long rows) short of the memory
+// bandwidth (benchmarks/RESULTS.md, 2026-12-07).
 constexpr size_t kRowPrefetchBytes = 12 * 1024;
 
-template <typename T>
-inline void prefetch_rows(int64_t nb, const void* p, size_t bytes) {
-  if constexpr (PrefetchesRows<T>::value) {
-    const size_t n = nb <= 8 ? bytes : 0;
-    for (size_t line = 0; line < n; line += 64)
-      _mm_prefetch(static_cast<const char*>(p) + kRowPrefetchBytes + line, _MM_HINT_T1);
-  }
+inline void prefetch_rows(const void* p, size_t bytes) {
+  const char* ahead = static_cast<const char*>(p) + kRowPrefetchBytes;
+  for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
 }
 
 // A Q8_K block's quants and bsums, 32-byte aligned, so that no 32-byte load of them splits a cache
@@ -161,7 +151,7 @@ inline void k_tile_cols(int64_t nb, float* out, size_t out_stride, const uint8_t
     for (int c = 0; c < C; ++c) S[c] = M[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
       const int n = static_cast<int>(std::min<int64_t>(8, nb - b0));
-      prefetch_rows<T>(nb, xb + b0, n * sizeof(typename T::BX));
+      prefetch_rows(xb + b0, n * sizeof(typename T::BX));
       __m256i sum[C], mins[C];
       if (n == 8) {
         k_group_sums<T, C>([&](int i, __m256i* s, __m256i* m) { T::template sums<C>(xb[b0 + i], a.y, b0 + i, s, m); },
@@ -207,7 +197,7 @@ inline void k_short_rows(int64_t nb, float* out, size_t out_stride, const uint8_
   // The rows' groups, every lane present (kFull: R whole rows of L blocks) or not.
   auto group = [&](auto full, int r, int rows) {
     constexpr bool kFull = decltype(full)::value;
-    prefetch_rows<T>(nb, x + r * x_stride, rows * x_stride);
+    prefetch_rows(x + r * x_stride, rows * x_stride);
     const BX* lane[8];  // lane i's super-block, or null for an empty lane
     for (int i = 0; i < 8; ++i)
       lane[i] = kFull || (block_of[i] < nb && i / L < rows)
