@@ -2,7 +2,7 @@
 from the memory-bandwidth bound (weight bytes read per token / STREAM-triad bandwidth).
 
     python benchmarks/decode_profile.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m]
-        [-t 1,2] [--prompt-tokens 128] [--steps 64] [--triad-mb 512] [--json FILE]
+        [-t 1,2] [--prompt-tokens 128] [--steps 64] [--triad-mb 512] [--rounds 1] [--json FILE]
 
 Each step is what `ember run` does per token: Model.eval([token]) (one graph run), then the
 sampler (ember run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) and the
@@ -11,6 +11,9 @@ public-domain text. Graph nodes are timed by the graph's profiler (thread 0, bar
 "Python" is the rest of the eval call (argument checks, the thread pool's wake-up, the logits
 copy). Weight bytes per token count every weight a decode step multiplies by; the embedding
 tables read one row (the token embedding counts in full when it is also the output matrix).
+The triad is measured just before each profile, since this kind of host's bandwidth moves by a
+fifth from one minute to the next; --rounds repeats every model and thread count in turn and
+reports the median of bound / step.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from membw import triad_table
+from membw import triad_gbs
 
 from ember.errors import EmberError
 from ember.engine.generate import Continuation
@@ -117,29 +121,41 @@ def profile_decode(path: str, n_threads: int, prompt: list[int], n_steps: int) -
             "weight_bytes": bytes_by_type}
 
 
-def model_report(model: str, runs: list[dict], triad: dict[int, float]) -> list[str]:
-    names = sorted({k for r in runs for k in r["parts_us"]}, key=lambda k: -runs[0]["parts_us"].get(k, 0))
-    head = " | ".join(f"t={r['n_threads']} µs/token | %" for r in runs)
+def model_report(model: str, runs: list[dict]) -> list[str]:
+    """The table of the median-step run at each thread count, then every run's step against the
+    bound (from the triad measured just before it) and, with several rounds, the median ratio."""
+    by_threads = defaultdict(list)
+    for r in runs:
+        by_threads[r["n_threads"]].append(r)
+    shown = [sorted(rs, key=lambda r: r["step_us"])[(len(rs) - 1) // 2] for rs in by_threads.values()]
+    names = sorted({k for r in shown for k in r["parts_us"]}, key=lambda k: -shown[0]["parts_us"].get(k, 0))
+    head = " | ".join(f"t={r['n_threads']} µs/token | %" for r in shown)
     lines = [f"### {model}: decode step at position {runs[0]['position']}, {runs[0]['steps']} steps", "",
-             f"| part | {head} |", "|---|" + "---:|---:|" * len(runs)]
+             f"| part | {head} |", "|---|" + "---:|---:|" * len(shown)]
     for name in names:
         cells = " | ".join(f"{r['parts_us'].get(name, 0):.0f} | {100 * r['parts_us'].get(name, 0) / r['step_us']:.1f}"
-                           for r in runs)
+                           for r in shown)
         lines.append(f"| {name} | {cells} |")
-    lines.append("| **step** | " + " | ".join(f"**{r['step_us']:.0f}** | 100" for r in runs) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{r['step_us']:.0f}** | 100" for r in shown) + " |")
     lines.append("")
     total_bytes = sum(runs[0]["weight_bytes"].values())
     by_type = ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in sorted(runs[0]["weight_bytes"].items()))
     lines.append(f"weights read per token: {total_bytes / 1e6:.1f} MB ({by_type})")
-    for r in runs:
-        matmul_us = sum(v for k, v in r["parts_us"].items() if k.startswith("matmul"))
-        line = (f"- t={r['n_threads']}: step {r['step_us'] / 1e3:.2f} ms, matmuls {matmul_us / 1e3:.2f} ms "
-                f"= {total_bytes / matmul_us / 1e3:.1f} GB/s of weights")
-        if r["n_threads"] in triad:
-            bound_us = total_bytes / triad[r["n_threads"]] / 1e3
-            line += (f"; bandwidth bound {bound_us / 1e3:.2f} ms at {triad[r['n_threads']]:.1f} GB/s triad "
-                     f"-> the step takes {r['step_us'] / bound_us:.2f}x the bound")
-        lines.append(line)
+    for n_threads, rs in by_threads.items():
+        ratios = []
+        for r in rs:
+            matmul_us = sum(v for k, v in r["parts_us"].items() if k.startswith("matmul"))
+            line = (f"- t={n_threads}: step {r['step_us'] / 1e3:.2f} ms, matmuls {matmul_us / 1e3:.2f} ms "
+                    f"= {total_bytes / matmul_us / 1e3:.1f} GB/s of weights")
+            if r.get("triad_gbs"):
+                bound_us = total_bytes / r["triad_gbs"] / 1e3
+                ratios.append(bound_us / r["step_us"])
+                line += (f"; bandwidth bound {bound_us / 1e3:.2f} ms at {r['triad_gbs']:.1f} GB/s triad "
+                         f"-> bound / step {ratios[-1]:.2f}")
+            lines.append(line)
+        if len(ratios) > 1:
+            lines.append(f"- t={n_threads}: median bound / step over {len(ratios)} rounds: "
+                         f"{statistics.median(ratios):.2f}")
     return lines
 
 
@@ -150,34 +166,44 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128, help="tokens in the cache before the steps")
     parser.add_argument("--steps", type=int, default=64, help="decode steps profiled (after 4 warm-up steps)")
     parser.add_argument("--triad-mb", type=int, default=512, help="MiB per triad array (0: skip the probe)")
+    parser.add_argument("--rounds", type=int, default=1, help="profile every model and thread count this many times, in turn")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     from ember import _core
     from ember.hub import resolve_model
 
     thread_counts = [int(t) for t in args.threads.split(",")]
     print(f"ember decode profile, ISA {_core.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    triad = triad_table(thread_counts, args.triad_mb, 10) if args.triad_mb else {}
-    for n_threads, gbs in triad.items():
-        print(f"memory bandwidth (STREAM triad, {args.triad_mb} MiB arrays), {n_threads} thread(s): {gbs:.1f} GB/s")
     text = TEXT.read_text(encoding="utf-8")
+    models = args.models.split(",")
+    paths = {model: str(resolve_model(model)) for model in models}
     results = defaultdict(list)
-    for model in args.models.split(","):
-        path = str(resolve_model(model))
-        for n_threads in thread_counts:
-            print(f"{model}, {n_threads} thread(s)...", file=sys.stderr, flush=True)
-            try:
-                prompt = _prompt(path, text, args.prompt_tokens)
-                results[model].append(profile_decode(path, n_threads, prompt, args.steps))
-            except (EmberError, ValueError, RuntimeError, OSError) as exc:  # one failing model hides no other
-                print(f"\n{model}, {n_threads} thread(s): failed: {type(exc).__name__}: {exc}", flush=True)
-                break
+    failed = set()
+    for _ in range(args.rounds):
+        for model in models:
+            for n_threads in thread_counts:
+                if model in failed:
+                    break
+                print(f"{model}, {n_threads} thread(s)...", file=sys.stderr, flush=True)
+                # the bound from the bandwidth of the moment: this host's level moves between runs
+                triad = triad_gbs(args.triad_mb, n_threads, 10) if args.triad_mb else None
+                try:
+                    prompt = _prompt(paths[model], text, args.prompt_tokens)
+                    run = profile_decode(paths[model], n_threads, prompt, args.steps)
+                except (EmberError, ValueError, RuntimeError, OSError) as exc:  # one failing model hides no other
+                    print(f"\n{model}, {n_threads} thread(s): failed: {type(exc).__name__}: {exc}", flush=True)
+                    failed.add(model)
+                    break
+                results[model].append(dict(run, triad_gbs=triad))
+    for model in models:
         if results[model]:
             print()
-            print("\n".join(model_report(model, results[model], triad)), flush=True)
+            print("\n".join(model_report(model, results[model])), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"isa": _core.isa(), "triad_gbs": triad, "results": results}, fh, indent=2)
+            json.dump({"isa": _core.isa(), "triad_mb": args.triad_mb, "results": results}, fh, indent=2)
 
 
 def _prompt(path: str, text: str, n_tokens: int) -> list[int]:
