@@ -225,6 +225,11 @@ void quantize_row_iq4_xs(const float* src, void* dst, int64_t n) {
 EMBER_EXACT_FP_END
 
 #if defined(__AVX2__)
+// 256-bit vpdpbusd: the unsigned values (value + 128) meet the activations as they are.
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define EMBER_IQ4_VNNI 1
+#endif
+
 // The 32 values of a group of packed nibbles from a 16-entry byte table (in both 128-bit lanes).
 inline __m256i lookup_32(const uint8_t* qs, __m256i table) { return _mm256_shuffle_epi8(table, unpack_nibbles_32(qs)); }
 inline __m256i signed_table() { return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues))); }
@@ -309,10 +314,18 @@ struct IQ4XSTile {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)), 1);
   }
+#if defined(EMBER_IQ4_VNNI)
+  using Line = Q8KLine;
+#else
+  // Without VNNI the copy also holds the quants' magnitudes, mag[i] = |qs[i]| (see signed_sums).
+  struct Line : Q8KLine {
+    alignas(32) uint8_t mag[QK_K];
+  };
+#endif
   // gemm_tile_k's copy of an activation block: in each 64 quants, elements 0-15, 32-47, 16-31,
   // 48-63 (what the low and then the high nibbles of 32 packed bytes meet), and the bsums in the
   // order whose pair sums are the sums of sub-blocks 0, 2, 4, 6, 1, 3, 5, 7.
-  static void line(const BY& src, Q8KLine& dst) {
+  static void line(const BY& src, Line& dst) {
     for (int k = 0; k < 4; ++k)
       for (int q = 0; q < 4; ++q) std::memcpy(dst.qs + 64 * k + 16 * q, src.qs + 64 * k + 16 * ((q % 2) * 2 + q / 2), 16);
     for (int j = 0; j < 8; ++j) {
@@ -320,21 +333,28 @@ struct IQ4XSTile {
       dst.bsums[2 * j] = src.bsums[2 * s];
       dst.bsums[2 * j + 1] = src.bsums[2 * s + 1];
     }
+#if !defined(EMBER_IQ4_VNNI)
+    for (int i = 0; i < QK_K; i += 32) {
+      const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(dst.qs + i));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst.mag + i), _mm256_abs_epi8(q));
+    }
+#endif
   }
   // The activations of sub-blocks 2k and 2k + 1 (see sums) that meet their low and high nibbles.
   template <typename Y>
   static void activations(const Y& yb, int k, __m256i& y_lo, __m256i& y_hi) {
-    if constexpr (std::is_same_v<Y, Q8KLine>) {
+    if constexpr (std::is_same_v<Y, Line>) {
       y_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb.qs + 64 * k));
       y_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb.qs + 64 * k + 32));
     } else {
       y_lo = two_halves(yb.qs + 64 * k), y_hi = two_halves(yb.qs + 64 * k + 16);
     }
   }
-  // sums without VNNI: the signed values' magnitudes times the activations with the values' signs
-  // (|value| <= 127, |qy| <= 127: vpmaddubsw's byte-pair sums fit in int16), each pair sum
+  // sums without VNNI: one signed factor's magnitudes times the other with the first one's signs
+  // (|value| <= 127, |qy| <= 128: vpmaddubsw's byte-pair sums fit in int16), each pair sum
   // multiplied by its sub-block's scale in vpmaddwd, so the lanes' totals are the scaled sums with
-  // no reduction across lanes.
+  // no reduction across lanes. From a Line the magnitudes are the activations' (mag), so only the
+  // values take a sign; from a Q8_K block they are the values'.
   template <int C, typename Y>
   static void signed_sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i table, __m256i low4) {
     // Word j of scales: sub-block j's scale; chunk k's multipliers: scale 2k in the low 128 bits,
@@ -352,13 +372,19 @@ struct IQ4XSTile {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
       const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
       const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
-      const __m256i lo_u = _mm256_sign_epi8(lo, lo), hi_u = _mm256_sign_epi8(hi, hi);
       const __m256i scale = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[k])));
       for (int c = 0; c < C; ++c) {
-        __m256i y_lo, y_hi;
+        __m256i y_lo, y_hi, p_lo, p_hi;
         activations(y[c][b], k, y_lo, y_hi);
-        const __m256i p_lo = _mm256_maddubs_epi16(lo_u, _mm256_sign_epi8(y_lo, lo));
-        const __m256i p_hi = _mm256_maddubs_epi16(hi_u, _mm256_sign_epi8(y_hi, hi));
+        if constexpr (std::is_same_v<Y, Line> && !std::is_same_v<Line, Q8KLine>) {
+          const __m256i m_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].mag + 64 * k));
+          const __m256i m_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].mag + 64 * k + 32));
+          p_lo = _mm256_maddubs_epi16(m_lo, _mm256_sign_epi8(lo, y_lo));
+          p_hi = _mm256_maddubs_epi16(m_hi, _mm256_sign_epi8(hi, y_hi));
+        } else {
+          p_lo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(y_lo, lo));
+          p_hi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(y_hi, hi));
+        }
         sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale), _mm256_madd_epi16(p_hi, scale)));
       }
     }
@@ -373,7 +399,7 @@ struct IQ4XSTile {
   template <int C, typename Y>
   static void sums(const BX& x, const Y* const y[C], int64_t b, __m256i sumi[C], __m256i*) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#if defined(EMBER_IQ4_VNNI)
     const __m256i table = unsigned_table();
     __m256i pair[C][4];  // lanes 0-3: sub-block 2k, lanes 4-7: sub-block 2k + 1
     for (int k = 0; k < 4; ++k) {
@@ -391,7 +417,7 @@ struct IQ4XSTile {
       __m256i per_sub_block = pair_sums_64(pair_sums_32(pair[c][0], pair[c][1]), pair_sums_32(pair[c][2], pair[c][3]));
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][b].bsums));
       __m256i y_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-      if constexpr (!std::is_same_v<Y, Q8KLine>)
+      if constexpr (std::is_same_v<Y, block_q8_K>)
         y_sums = _mm256_permutevar8x32_epi32(y_sums, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
       per_sub_block = _mm256_sub_epi32(per_sub_block, _mm256_slli_epi32(y_sums, 7));
       sumi[c] = _mm256_mullo_epi32(per_sub_block, scales);

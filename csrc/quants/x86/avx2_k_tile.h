@@ -7,7 +7,8 @@
 //                   super-block b's integer sums with each y (Y: block_q8_K, or the Q8KLine copy
 //                   below), as 8 int32 lanes whose totals are scaled_b and mins_b below (mins
 //                   untouched without kMins)
-//   line(const block_q8_K&, Q8KLine&)   optional: the type's own layout of the Q8KLine copy
+//   line(const block_q8_K&, Line&)   optional: the type's own layout of the Q8KLine copy
+//   Line            optional: a copy type of its own (Q8KLine's members first, then more)
 // (and for the kernels with tokens in lanes and dequantize_row_k, avx512_k_panel.h's members).
 //
 // Every K-quant kernel of a table sums a (row, token) pair in one order. For each super-block b,
@@ -61,8 +62,8 @@ struct alignas(32) Q8KLine {
   int16_t bsums[QK_K / 16];
 };
 
-// The C activation rows of a decode kernel: Q8_K blocks (Y = block_q8_K) or Q8KLine blocks
-// with their scales at d[c][b].
+// The C activation rows of a decode kernel: Q8_K blocks (Y = block_q8_K) or line copies
+// (Q8KLine, or a type's own Line) with their scales at d[c][b].
 template <int C, typename Y>
 struct KActivations {
   const Y* y[C];
@@ -71,7 +72,7 @@ struct KActivations {
   // from Q8_K blocks, lanes that repeat the last block, masked): lanes stored one at a time and
   // reloaded as a vector would wait on store forwarding, once per row.
   __m256 scales8(int c, int64_t b0, int n) const {
-    if constexpr (std::is_same_v<Y, Q8KLine>) {
+    if constexpr (!std::is_same_v<Y, block_q8_K>) {  // a line copy: scales at d
       if (n == 8) return _mm256_loadu_ps(d[c] + b0);
       return _mm256_maskload_ps(d[c] + b0, first_lanes(n));
     } else {
@@ -260,28 +261,39 @@ inline void k_tile_rows(int64_t nb, float* out, size_t out_stride, const uint8_t
 }
 
 // Whether a type's Traits lay out the Q8KLine copy themselves (static void line(const block_q8_K&,
-// Q8KLine&): the quants and bsums in an order of their own), rather than as the Q8_K block has them.
+// Line&): the quants and bsums in an order of their own), rather than as the Q8_K block has them.
 template <typename T, typename = void>
 struct HasLineOrder : std::false_type {};
 template <typename T>
 struct HasLineOrder<T, std::void_t<decltype(&T::line)>> : std::true_type {};
 
-// The activation rows copied into Q8KLine blocks when they fit this many bytes (on the stack).
+// The type of a type's activation copies: its Traits' Line, or Q8KLine.
+template <typename T, typename = void>
+struct LineOf {
+  using type = Q8KLine;
+};
+template <typename T>
+struct LineOf<T, std::void_t<typename T::Line>> {
+  using type = typename T::Line;
+};
+
+// The activation rows copied into line blocks when they fit this many bytes (on the stack).
 constexpr size_t kLineBufferBytes = 64 * 1024;
 
 template <typename T>
 void gemm_tile_k(int64_t n, float* out, size_t out_stride, const void* vx, size_t x_stride, const void* vy,
                  size_t y_stride, int n_rows, int n_cols) {
+  using Line = typename LineOf<T>::type;
   const int64_t nb = n / QK_K;
   const uint8_t* x = static_cast<const uint8_t*>(vx);
   const uint8_t* y = static_cast<const uint8_t*>(vy);
-  if (static_cast<size_t>(n_cols * nb) * (sizeof(Q8KLine) + sizeof(float)) > kLineBufferBytes) {
+  if (static_cast<size_t>(n_cols * nb) * (sizeof(Line) + sizeof(float)) > kLineBufferBytes) {
     return k_tile_rows<T>(nb, out, out_stride, x, x_stride, reinterpret_cast<const block_q8_K*>(y), y_stride,
                           nullptr, 0, n_rows, n_cols);
   }
   alignas(64) uint8_t buffer[kLineBufferBytes];
-  Q8KLine* lines = reinterpret_cast<Q8KLine*>(buffer);
-  float* d = reinterpret_cast<float*>(buffer + n_cols * nb * sizeof(Q8KLine));
+  Line* lines = reinterpret_cast<Line*>(buffer);
+  float* d = reinterpret_cast<float*>(buffer + n_cols * nb * sizeof(Line));
   for (int c = 0; c < n_cols; ++c) {
     const block_q8_K* row = reinterpret_cast<const block_q8_K*>(y + c * y_stride);
     for (int64_t b = 0; b < nb; ++b) {
@@ -294,7 +306,7 @@ void gemm_tile_k(int64_t n, float* out, size_t out_stride, const void* vx, size_
       d[c * nb + b] = row[b].d;
     }
   }
-  k_tile_rows<T>(nb, out, out_stride, x, x_stride, lines, nb * sizeof(Q8KLine), d, nb, n_rows, n_cols);
+  k_tile_rows<T>(nb, out, out_stride, x, x_stride, lines, nb * sizeof(Line), d, nb, n_rows, n_cols);
 }
 
 template <typename T>
