@@ -199,11 +199,14 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
 // transposed rows (rows8t_kernel here, rows16t_kernel in avx512_panel.h).
 constexpr int64_t kMaxScaleBlocks = 640;  // rows of up to 20480 weights (30 KiB for 4 tokens)
 
-template <int C>
+// kMagnitudes (the SignedDot types): also the magnitudes of the tokens' quants, which then meet
+// the weights' values with the activations' signs (rows8t_kernel).
+template <int C, bool kMagnitudes = false>
 struct TokenScales {
   float d[C][kMaxScaleBlocks];
   float s[C][kMaxScaleBlocks];       // Q8_1's s
   int32_t zero[C][kMaxScaleBlocks];  // z sum(q)
+  alignas(32) uint8_t mag[kMagnitudes ? C : 0][kMaxScaleBlocks * 32];
 
   template <typename T>
   void fill(int64_t nb, const uint8_t* y, size_t y_stride) {
@@ -214,6 +217,9 @@ struct TokenScales {
         d[c][b] = fp16_to_fp32(row[b].d);
         zero[c][b] = zero_point_sum<T>(row[b].qs);
         if constexpr (T::kOffset) s[c][b] = fp16_to_fp32(row[b].s);
+        if constexpr (kMagnitudes)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(mag[c] + 32 * b),
+                             _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs))));
       }
     }
   }
@@ -224,7 +230,7 @@ struct TokenScales {
 template <typename T, int C, int kRows, typename Kernel>
 inline void rows_with_token_scales(int64_t nb, float* out, const uint8_t* x, size_t x_stride, int n_rows,
                                    const uint8_t* y, size_t y_stride, Kernel&& kernel) {
-  TokenScales<C> ys;
+  TokenScales<C, IsSignedDot<T>::value> ys;
   ys.template fill<T>(nb, y, y_stride);
   for (int r = 0; r < n_rows; r += kRows) kernel(out + r, x + r * x_stride, std::min(kRows, n_rows - r), ys);
 }
@@ -293,11 +299,13 @@ inline void unpack_transposed_8(const typename T::BX* const xr[8], int64_t b, __
 // 8 weight rows of a nibble type (rows past n_rows repeat the last one; their sums are dropped)
 // x C tokens: the rows' quants transposed once per block, then per token 8 vpmaddubsw with its
 // broadcast groups give the 8 rows' block sums in the lanes, with no reduction across lanes.
-// A SignedDot type (IQ4_NL) looks its transposed nibbles up (T::values: signed bytes), and each
-// group's pair sums go to 32 bits before the next group's are added.
+// A SignedDot type (IQ4_NL) looks its transposed nibbles up (T::values: signed bytes), which
+// meet the magnitudes of the tokens' quants (TokenScales::mag) with the quants' signs (|q| <= 128,
+// |value| <= 127: the pair sums fit an int16), and each group's pair sums go to 32 bits before the
+// next group's are added.
 template <typename T, int C>
 inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8_t* x, size_t x_stride, int n_rows,
-                          const uint8_t* y, size_t y_stride, const TokenScales<C>& ys) {
+                          const uint8_t* y, size_t y_stride, const TokenScales<C, IsSignedDot<T>::value>& ys) {
   const RowsAndTokens<T, 8, C> rows(x, x_stride, n_rows, y, y_stride);
   const auto &xr = rows.x, &yc = rows.y;
   __m256 S[C], O[C];
@@ -309,15 +317,16 @@ inline void rows8t_kernel(int64_t nb, float* out, size_t out_stride, const uint8
     __m256i w[8];
     unpack_transposed_8<T>(xr, b, w);
     const __m256 dx = f16x8([&](int i) { return xr[i][b].d; }, 8);
-    __m256i f[8];  // SignedDot: the values' magnitudes (w: the values)
     if constexpr (IsSignedDot<T>::value)
-      for (int k = 0; k < 8; ++k) w[k] = T::values(w[k]), f[k] = _mm256_sign_epi8(w[k], w[k]);
+      for (int k = 0; k < 8; ++k) w[k] = T::values(w[k]);
     for (int c = 0; c < C; ++c) {
       const int8_t* g = yc[c][b].qs;
       __m256i isum;
       if constexpr (IsSignedDot<T>::value) {
-        isum = dot_u8_i8_i32(f[0], _mm256_sign_epi8(broadcast_group(g), w[0]));
-        for (int k = 1; k < 8; ++k) isum = dot_u8_i8_acc(isum, f[k], _mm256_sign_epi8(broadcast_group(g + 4 * k), w[k]));
+        const int8_t* m = reinterpret_cast<const int8_t*>(ys.mag[c] + 32 * b);
+        isum = dot_u8_i8_i32(broadcast_group(m), _mm256_sign_epi8(w[0], broadcast_group(g)));
+        for (int k = 1; k < 8; ++k)
+          isum = dot_u8_i8_acc(isum, broadcast_group(m + 4 * k), _mm256_sign_epi8(w[k], broadcast_group(g + 4 * k)));
       } else {
         __m256i sums = _mm256_maddubs_epi16(w[0], broadcast_group(g));
         for (int k = 1; k < 8; ++k) sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(w[k], broadcast_group(g + 4 * k)));
