@@ -2,7 +2,9 @@
 
 #include "core/amx_emulator.h"
 
+#include <algorithm>
 #include <cpuid.h>
+#include <iterator>
 #include <cstdlib>
 #include <stdexcept>
 #include <unistd.h>
@@ -11,6 +13,9 @@
 namespace ember {
 
 namespace {
+
+// Every table's name, in order of preference (best last).
+constexpr const char* kIsas[] = {"scalar", "avx2", "avxvnni", "avx512", "amx"};
 
 uint64_t xgetbv0() {
   uint32_t eax, edx;
@@ -64,6 +69,9 @@ CpuFeatures detect() {
 bool supports(const std::string& isa, const CpuFeatures& f) {
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2;
+#if defined(EMBER_HAS_AVXVNNI_TABLE)
+  if (isa == "avxvnni") return f.avx2 && f.avx_vnni;
+#endif
   const bool avx512 = f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
   if (isa == "avx512") return avx512;
   if (isa == "amx") return avx512 && ((f.amx_tile && f.amx_int8 && f.amx_granted) || f.amx_emulated);
@@ -82,6 +90,10 @@ const KernelTable& table_for(const std::string& isa) {
   static const KernelTable avx512_table = make_table(avx512::register_kernels);
   static const KernelTable amx_table = make_table(amx::register_kernels);
   if (isa == "avx2") return avx2_table;
+#if defined(EMBER_HAS_AVXVNNI_TABLE)
+  static const KernelTable avxvnni_table = make_table(avxvnni::register_kernels);
+  if (isa == "avxvnni") return avxvnni_table;
+#endif
   if (isa == "avx512") return avx512_table;
   if (isa == "amx") return amx_table;
   return scalar_table;
@@ -106,14 +118,14 @@ const CpuFeatures& cpu_features() {
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* isa : {"scalar", "avx2", "avx512", "amx"})
+  for (const char* isa : kIsas)
     if (supports(isa, cpu_features())) out.push_back(isa);
   return out;
 }
 
 void set_active_isa(const std::string& isa) {
-  if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "amx")
-    throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avx512 or amx)");
+  if (std::find(std::begin(kIsas), std::end(kIsas), isa) == std::end(kIsas))
+    throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avxvnni, avx512 or amx)");
   if (!supports(isa, cpu_features()))
     throw std::invalid_argument("this CPU (or OS) does not support ISA '" + isa + "'");
   g_active = &table_for(isa);

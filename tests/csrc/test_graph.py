@@ -565,7 +565,7 @@ def test_ember_isa_forces_the_kernel_table(forced):
 def test_unknown_ember_isa_is_a_clear_error():
     result = python_with("sse9", "from ember import _core; _core.Graph(1)")
     assert result.returncode == 1  # a Python exception, not a crash
-    assert "ValueError: EMBER_ISA: unknown ISA 'sse9' (expected scalar, avx2, avx512 or amx)" in result.stderr
+    assert "ValueError: EMBER_ISA: unknown ISA 'sse9' (expected scalar, avx2, avxvnni, avx512 or amx)" in result.stderr
 
 
 @pytest.mark.skipif("avx512" in ISAS, reason="this CPU runs AVX-512")
@@ -573,6 +573,17 @@ def test_ember_isa_this_cpu_lacks_is_a_clear_error():
     result = python_with("avx512", "from ember import _core; _core.isa()")
     assert result.returncode == 1
     assert "ValueError: EMBER_ISA: this CPU (or OS) does not support ISA 'avx512'" in result.stderr
+
+
+def test_the_avxvnni_table_is_offered_exactly_where_the_cpu_has_avx_vnni():
+    """avxvnni (avx2 with VEX vpdpbusd) runs on the CPUs whose CPUID says AVX-VNNI, and only there:
+    elsewhere the table's first vpdpbusd would be an illegal instruction."""
+    flags = _core.cpu_flags()
+    assert ("avxvnni" in ISAS) == (flags["avx2"] and flags["avx_vnni"])
+    if "avxvnni" not in ISAS:
+        result = python_with("avxvnni", "from ember import _core; _core.isa()")
+        assert result.returncode == 1
+        assert "ValueError: EMBER_ISA: this CPU (or OS) does not support ISA 'avxvnni'" in result.stderr
 
 
 AMX_NATIVE = _core.cpu_flags()["amx_granted"]
