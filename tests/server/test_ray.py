@@ -194,6 +194,26 @@ def test_requests_that_arrive_together_are_spread_over_the_replicas_by_their_ong
     assert router._ongoing()[own] == 4
 
 
+def test_the_replica_ray_sent_a_request_to_counts_not_the_choice_made_for_it():
+    router, replicas = _router(), [_Replica("r0"), _Replica("r1")]
+
+    def choose(request_id: str) -> str:
+        return asyncio.run(router.choose_replicas(replicas, _request(request_id)))[0][0].replica_id.unique_id
+
+    first = choose("a")
+    other = "r1" if first == "r0" else "r0"
+    # Ray gives that choice to an older waiting request, b, and routes a again
+    router.on_request_routed(_request("b"), SimpleNamespace(unique_id=first), None)
+    assert router._ongoing() == {first: 2}  # b's replica, and a's choice until a is routed
+    assert choose("a") == other  # a's own earlier choice is left out: first holds b only
+    router.on_request_routed(_request("a"), SimpleNamespace(unique_id=other), None)
+    assert router._ongoing() == {first: 1, other: 1}
+    # a request whose end Ray reports before its routing is not counted again
+    router.on_request_completed(SimpleNamespace(unique_id=other), "a")
+    router.on_request_routed(_request("a"), SimpleNamespace(unique_id=other), None)
+    assert router._ongoing() == {first: 1}
+
+
 def test_a_choice_never_sent_lapses():
     router = _router()
     asyncio.run(router.choose_replicas([_Replica("r0")], _request("gone")))
@@ -545,6 +565,10 @@ def test_streams_that_start_together_fill_both_replicas_slots_evenly(ray_server)
     # 8 streams on 2 replicas of 4 slots: 5 on one would leave a stream waiting for a whole answer
     body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
     for burst in range(3):
+        # The router hears that a request ended from Ray's completion callback, which can come a
+        # moment after the client has read the end of the stream: a burst sent at once would be
+        # routed with the last one's streams still counted.
+        time.sleep(1.0)
         answers = ask_all(ray_server, [("/v1/completions", body)] * 8)
         assert all(a["status"] == 200 and a["complete"] for a in answers)
         replicas = [a["replica"] for a in answers]

@@ -46,6 +46,7 @@ RETRY_AFTER_SECONDS = 1
 BODY_KEY = "ember.body"  # a request's body, read by the proxy, travels in its ASGI scope under this key
 MAX_SCOPE_BODY = 64 << 10  # bodies up to this size travel so (larger ones the replica reads from the proxy)
 CHOICE_LIFETIME = 3600.0  # seconds a routing choice counts as an ongoing request at most
+ENDED_KEPT = 4096  # ended request ids the router remembers, so that a late report of their routing is not counted
 STREAM_INTERVAL = 0.05  # seconds: a replica's streams send their tokens at most this often (one Ray message each)
 
 CONFIG_EXAMPLE = """\
@@ -72,33 +73,49 @@ class SessionAffinityRouter(RequestRouter):
     The router counts those itself, from the moment it chooses: Ray's own queue lengths go stale
     after a pause (RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S), and then requests that arrive together
     are all routed on the same probe's answer, so that 8 streams on 2 replicas of 4 slots split
-    5 and 3 and one waits for a whole answer."""
+    5 and 3 and one waits for a whole answer. A choice counts for the request it was made for
+    until Ray reports (on_request_routed) which replica took which request: Ray hands a chosen
+    replica to the oldest waiting request, not always to the one it was chosen for."""
 
     def initialize_state(self, **kwargs):
-        self._chosen: dict[str, tuple[str, float]] = {}  # request id -> (replica id, when chosen)
+        # request id -> (replica id, when): the replica Ray sent the request to, or until then the
+        # one this router last chose for it
+        self._chosen: dict[str, tuple[str, float]] = {}
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()  # the latest ENDED_KEPT
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         if not candidate_replicas:
             return []
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         session = pending_request.metadata.session_id if pending_request is not None else ""
-        order = preferred_replicas(session, list(by_id)) if session else least_busy(self._ongoing(), list(by_id))
-        if pending_request is not None:
-            self._chosen[pending_request.metadata.internal_request_id] = (order[0], time.monotonic())
+        request = pending_request.metadata.internal_request_id if pending_request is not None else None
+        order = (preferred_replicas(session, list(by_id)) if session
+                 else least_busy(self._ongoing(leaving_out=request), list(by_id)))
+        if request is not None:
+            self._chosen[request] = (order[0], time.monotonic())
         return [[by_id[replica]] for replica in order]
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        request = pending_request.metadata.internal_request_id
+        if request not in self._ended:  # its end may be reported first
+            self._chosen[request] = (replica_id.unique_id, time.monotonic())
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         self._chosen.pop(internal_request_id, None)
+        self._ended[internal_request_id] = None
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
 
-    def _ongoing(self) -> dict[str, int]:
-        """Requests per replica id that this router chose and that have not ended (entries of
-        requests that were never sent, as when their client left while they waited, lapse
-        after CHOICE_LIFETIME seconds)."""
+    def _ongoing(self, leaving_out: str | None = None) -> dict[str, int]:
+        """Requests per replica id that this router chose and that have not ended, but for
+        `leaving_out` (the request being routed again: its earlier choice went to another request
+        or was refused). Entries of requests that were never sent, as when their client left while
+        they waited, lapse after CHOICE_LIFETIME seconds."""
         now = time.monotonic()
         for request, (_, when) in list(self._chosen.items()):
             if now - when > CHOICE_LIFETIME:
                 del self._chosen[request]
-        return collections.Counter(replica for replica, _ in self._chosen.values())
+        return collections.Counter(replica for request, (replica, _) in self._chosen.items() if request != leaving_out)
 
 
 def least_busy(ongoing: dict[str, int], replicas: list[str]) -> list[str]:
