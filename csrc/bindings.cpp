@@ -644,6 +644,7 @@ NB_MODULE(_core, m) {
   m.def("vec_dot", &vec_dot, "type"_a, "weight_row"_a, "x"_a);
   m.def("cpu_flags", &cpu_flags);
   m.def("available_isas", &available_isas);
+  m.def("built_isas", &built_isas);
   m.def("isa", [] { return std::string(active_kernels().isa); });
   m.def("set_isa", &set_active_isa, "isa"_a);
   m.def("tile_dot_product", &tile_dot_product_checked, "a_sign"_a, "b_sign"_a, "a"_a, "b"_a, "c"_a);

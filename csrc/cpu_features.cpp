@@ -66,12 +66,19 @@ CpuFeatures detect() {
   return f;
 }
 
+// Whether this build compiled the table (avxvnni needs a compiler with -mavxvnni).
+bool built(const std::string& isa) {
+#if !defined(EMBER_HAS_AVXVNNI_TABLE)
+  if (isa == "avxvnni") return false;
+#endif
+  return std::find(std::begin(kIsas), std::end(kIsas), isa) != std::end(kIsas);
+}
+
 bool supports(const std::string& isa, const CpuFeatures& f) {
+  if (!built(isa)) return false;
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2;
-#if defined(EMBER_HAS_AVXVNNI_TABLE)
   if (isa == "avxvnni") return f.avx2 && f.avx_vnni;
-#endif
   const bool avx512 = f.avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
   if (isa == "avx512") return avx512;
   if (isa == "amx") return avx512 && ((f.amx_tile && f.amx_int8 && f.amx_granted) || f.amx_emulated);
@@ -116,6 +123,13 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
+std::vector<std::string> built_isas() {
+  std::vector<std::string> out;
+  for (const char* isa : kIsas)
+    if (built(isa)) out.push_back(isa);
+  return out;
+}
+
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
   for (const char* isa : kIsas)
@@ -126,6 +140,8 @@ std::vector<std::string> available_isas() {
 void set_active_isa(const std::string& isa) {
   if (std::find(std::begin(kIsas), std::end(kIsas), isa) == std::end(kIsas))
     throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avxvnni, avx512 or amx)");
+  if (!built(isa))
+    throw std::invalid_argument("this build of ember has no '" + isa + "' table (its compiler lacks -m" + isa + ")");
   if (!supports(isa, cpu_features()))
     throw std::invalid_argument("this CPU (or OS) does not support ISA '" + isa + "'");
   g_active = &table_for(isa);

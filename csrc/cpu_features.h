@@ -18,6 +18,8 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
+// The tables this build compiled, best last.
+std::vector<std::string> built_isas();
 // ISAs this CPU can run, best last (always starts with "scalar"); "amx" also when emulated.
 std::vector<std::string> available_isas();
 // The table in use for new graphs. Initially the best available that is not emulated, or
