@@ -66,12 +66,13 @@ CpuFeatures detect() {
   return f;
 }
 
-// Whether this build compiled the table (avxvnni needs a compiler with -mavxvnni).
+// Whether this build compiled the table of a name in kIsas (avxvnni needs a compiler with -mavxvnni).
 bool built(const std::string& isa) {
-#if !defined(EMBER_HAS_AVXVNNI_TABLE)
-  if (isa == "avxvnni") return false;
+#if defined(EMBER_HAS_AVXVNNI_TABLE)
+  return true;
+#else
+  return isa != "avxvnni";
 #endif
-  return std::find(std::begin(kIsas), std::end(kIsas), isa) != std::end(kIsas);
 }
 
 bool supports(const std::string& isa, const CpuFeatures& f) {

@@ -376,7 +376,7 @@ struct IQ4XSTile {
       for (int c = 0; c < C; ++c) {
         __m256i y_lo, y_hi, p_lo, p_hi;
         activations(y[c][b], k, y_lo, y_hi);
-        if constexpr (std::is_same_v<Y, Line> && !std::is_same_v<Line, Q8KLine>) {
+        if constexpr (std::is_same_v<Y, Line>) {  // (signed_sums runs without VNNI, where Line has mag)
           const __m256i m_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].mag + 64 * k));
           const __m256i m_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(y[c][b].mag + 64 * k + 32));
           p_lo = _mm256_maddubs_epi16(m_lo, _mm256_sign_epi8(lo, y_lo));

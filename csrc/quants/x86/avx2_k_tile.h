@@ -4,9 +4,9 @@
 //   BX, BY          weight and activation (Q8_K) block types
 //   kMins           whether the type has mins (value = d scale q - dmin min)
 //   sums<C, Y>(const BX&, const Y* const y[C], b, __m256i sum[C], __m256i mins[C])
-//                   super-block b's integer sums with each y (Y: block_q8_K, or the Q8KLine copy
-//                   below), as 8 int32 lanes whose totals are scaled_b and mins_b below (mins
-//                   untouched without kMins)
+//                   super-block b's integer sums with each y (Y: block_q8_K, or the line copy
+//                   below: Q8KLine or the type's Line), as 8 int32 lanes whose totals are
+//                   scaled_b and mins_b below (mins untouched without kMins)
 //   line(const block_q8_K&, Line&)   optional: the type's own layout of the Q8KLine copy
 //   Line            optional: a copy type of its own (Q8KLine's members first, then more)
 // (and for the kernels with tokens in lanes and dequantize_row_k, avx512_k_panel.h's members).
