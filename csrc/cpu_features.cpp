@@ -138,9 +138,20 @@ std::vector<std::string> available_isas() {
   return out;
 }
 
+// kIsas as prose: "scalar, avx2, ... or amx".
+std::string isa_names() {
+  constexpr size_t n = std::size(kIsas);
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    if (i) out += i + 1 == n ? " or " : ", ";
+    out += kIsas[i];
+  }
+  return out;
+}
+
 void set_active_isa(const std::string& isa) {
   if (std::find(std::begin(kIsas), std::end(kIsas), isa) == std::end(kIsas))
-    throw std::invalid_argument("unknown ISA '" + isa + "' (expected scalar, avx2, avxvnni, avx512 or amx)");
+    throw std::invalid_argument("unknown ISA '" + isa + "' (expected " + isa_names() + ")");
   if (!built(isa))
     throw std::invalid_argument("this build of ember has no '" + isa + "' table (its compiler lacks -m" + isa + ")");
   if (!supports(isa, cpu_features()))
