@@ -199,14 +199,20 @@ inline void rows8_kernel(int64_t nb, float* out, size_t out_stride, const uint8_
 // transposed rows (rows8t_kernel here, rows16t_kernel in avx512_panel.h).
 constexpr int64_t kMaxScaleBlocks = 640;  // rows of up to 20480 weights (30 KiB for 4 tokens)
 
-// kMagnitudes (the SignedDot types): also the magnitudes of the tokens' quants, which then meet
-// the weights' values with the activations' signs (rows8t_kernel).
+// The magnitudes of C tokens' quants, which the SignedDot types' rows8t_kernel meets with the
+// weights' values carrying the activations' signs; nothing for the other types.
+template <int C, bool kMagnitudes>
+struct TokenMagnitudes {};
+template <int C>
+struct TokenMagnitudes<C, true> {
+  alignas(32) uint8_t mag[C][kMaxScaleBlocks * 32];
+};
+
 template <int C, bool kMagnitudes = false>
-struct TokenScales {
+struct TokenScales : TokenMagnitudes<C, kMagnitudes> {
   float d[C][kMaxScaleBlocks];
   float s[C][kMaxScaleBlocks];       // Q8_1's s
   int32_t zero[C][kMaxScaleBlocks];  // z sum(q)
-  alignas(32) uint8_t mag[kMagnitudes ? C : 0][kMaxScaleBlocks * 32];
 
   template <typename T>
   void fill(int64_t nb, const uint8_t* y, size_t y_stride) {
@@ -218,7 +224,7 @@ struct TokenScales {
         zero[c][b] = zero_point_sum<T>(row[b].qs);
         if constexpr (T::kOffset) s[c][b] = fp16_to_fp32(row[b].s);
         if constexpr (kMagnitudes)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(mag[c] + 32 * b),
+          _mm256_store_si256(reinterpret_cast<__m256i*>(this->mag[c] + 32 * b),
                              _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs))));
       }
     }
