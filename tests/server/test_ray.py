@@ -13,7 +13,6 @@ import asyncio
 import inspect
 import json
 import os
-import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from types import SimpleNamespace
@@ -24,7 +23,7 @@ import pytest
 import yaml
 
 from ember.hub import resolve_model
-from ember_server import ServerProcess
+from ember_server import ServerProcess, without_ids
 from paths import REPO, TESTS, ember_root
 
 import ray
@@ -121,12 +120,12 @@ STREAMS = (("/v1/completions", {"prompt": "Count: one, two,", "max_tokens": 16, 
 
 
 def stream_events(url: str, route: str, body: dict) -> list[bytes]:
-    """A stream's server-sent events as the bytes that came, each answer's own id and creation
-    time put as `ID` and `0`."""
+    """A stream's server-sent events as the bytes that came, without the answer's own id and
+    creation time."""
     with httpx.Client(base_url=url, timeout=TIMEOUT) as client, client.stream("POST", route, json=body) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         raw = b"".join(response.iter_bytes())
-    raw = re.sub(rb'"created": [0-9]+', b'"created": 0', re.sub(rb'"id": "[^"]*"', b'"id": "ID"', raw))
+    raw = without_ids(raw)
     assert raw.endswith(b"\n\n")
     return raw.split(b"\n\n")[:-1]
 
@@ -278,6 +277,14 @@ def test_the_readme_starts_a_cluster_with_embers_environment():
     command = readme[readme.index("env RAY_SERVE_"):readme.index("ray start --head", readme.index("env RAY_SERVE_"))]
     assert sorted(command.replace("\\\n", " ").split()[1:]) == \
         sorted(f"{name}={value}" for name, value in cluster_environment().items())
+
+
+def test_the_help_and_the_readme_give_the_replicas_stream_interval():
+    ms = f"{STREAM_INTERVAL * 1000:g}"
+    stream_interval = next(a for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions
+                           if "--stream-interval" in a.option_strings)
+    assert stream_interval.help.endswith(f"on Ray replicas {ms})")
+    assert f"tokens at most every {ms} ms (`--stream-interval MS`" in (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_serve_run_with_key_value_arguments_builds_an_application():
