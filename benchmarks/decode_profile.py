@@ -11,9 +11,10 @@ public-domain text. Graph nodes are timed by the graph's profiler (thread 0, bar
 "Python" is the rest of the eval call (argument checks, the thread pool's wake-up, the logits
 copy). Weight bytes per token count every weight a decode step multiplies by; the embedding
 tables read one row (the token embedding counts in full when it is also the output matrix).
-The triad is measured just before each profile, since this kind of host's bandwidth moves by a
-fifth from one minute to the next; --rounds repeats every model and thread count in turn and
-reports the median of bound / step.
+The triad is measured just before and just after each profile, and the bound uses their mean,
+since this kind of host's bandwidth moves by a fifth from one minute to the next; a profile
+whose two triads differ by more than a tenth is marked (the host moved during it). --rounds
+repeats every model and thread count in turn and reports the median of bound / step.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def profile_decode(path: str, n_threads: int, prompt: list[int], n_steps: int) -
 
 def model_report(model: str, runs: list[dict]) -> list[str]:
     """The table of the median-step run at each thread count, then every run's step against the
-    bound (from the triad measured just before it) and, with several rounds, the median ratio."""
+    bound (from the mean of the triads measured just before and after it) and, with several rounds,
+    the median ratio."""
     by_threads = defaultdict(list)
     for r in runs:
         by_threads[r["n_threads"]].append(r)
@@ -148,10 +150,12 @@ def model_report(model: str, runs: list[dict]) -> list[str]:
             line = (f"- t={n_threads}: step {r['step_us'] / 1e3:.2f} ms, matmuls {matmul_us / 1e3:.2f} ms "
                     f"= {total_bytes / matmul_us / 1e3:.1f} GB/s of weights")
             if r.get("triad_gbs"):
+                before, after = r["triad_before_gbs"], r["triad_after_gbs"]
                 bound_us = total_bytes / r["triad_gbs"] / 1e3
                 ratios.append(bound_us / r["step_us"])
+                moved = " (the host moved)" if abs(after - before) > 0.1 * max(before, after) else ""
                 line += (f"; bandwidth bound {bound_us / 1e3:.2f} ms at {r['triad_gbs']:.1f} GB/s triad "
-                         f"-> bound / step {ratios[-1]:.2f}")
+                         f"({before:.1f} before, {after:.1f} after{moved}) -> bound / step {ratios[-1]:.2f}")
             lines.append(line)
         if len(ratios) > 1:
             lines.append(f"- t={n_threads}: median bound / step over {len(ratios)} rounds: "
@@ -187,8 +191,9 @@ def main() -> None:
                 if model in failed:
                     break
                 print(f"{model}, {n_threads} thread(s)...", file=sys.stderr, flush=True)
-                # the bound from the bandwidth of the moment: this host's level moves between runs
-                triad = triad_gbs(args.triad_mb, n_threads, 10) if args.triad_mb else None
+                # the bound from the bandwidth of the moment, before and after: this host's level moves
+                triad = (lambda: triad_gbs(args.triad_mb, n_threads, 10)) if args.triad_mb else (lambda: None)
+                before = triad()
                 try:
                     prompt = _prompt(paths[model], text, args.prompt_tokens)
                     run = profile_decode(paths[model], n_threads, prompt, args.steps)
@@ -196,7 +201,9 @@ def main() -> None:
                     print(f"\n{model}, {n_threads} thread(s): failed: {type(exc).__name__}: {exc}", flush=True)
                     failed.add(model)
                     break
-                results[model].append(dict(run, triad_gbs=triad))
+                after = triad()
+                mean = None if before is None else (before + after) / 2
+                results[model].append(dict(run, triad_gbs=mean, triad_before_gbs=before, triad_after_gbs=after))
     for model in models:
         if results[model]:
             print()
