@@ -111,7 +111,7 @@ inline void rows16t_kernel(int64_t nb, float* out, size_t out_stride, const uint
   const auto &xr = rows.x, &yc = rows.y;
   __m512 S[C], O[C];
   for (int c = 0; c < C; ++c) S[c] = O[c] = _mm512_setzero_ps();
-  const RowPrefetch prefetch(16, 16, x_stride, nb);  // the next 16 rows
+  const RowPrefetch prefetch(16, 32, x_stride, nb);  // the 16 rows after the next 16
   auto head = [&](int r, int64_t b) {
     int32_t v;
     std::memcpy(&v, &xr[r][b], 4);  // d, then m (Q4_1, Q5_1) or the block's next 2 bytes
