@@ -185,15 +185,18 @@ def main() -> None:
     paths = {model: str(resolve_model(model)) for model in models}
     results = defaultdict(list)
     failed = set()
+
+    def triad(n_threads: int) -> float | None:
+        """The bandwidth of the moment (taken before and after each profile: this host's level moves)."""
+        return triad_gbs(args.triad_mb, n_threads, 10) if args.triad_mb else None
+
     for _ in range(args.rounds):
         for model in models:
             for n_threads in thread_counts:
                 if model in failed:
                     break
                 print(f"{model}, {n_threads} thread(s)...", file=sys.stderr, flush=True)
-                # the bound from the bandwidth of the moment, before and after: this host's level moves
-                triad = (lambda: triad_gbs(args.triad_mb, n_threads, 10)) if args.triad_mb else (lambda: None)
-                before = triad()
+                before = triad(n_threads)
                 try:
                     prompt = _prompt(paths[model], text, args.prompt_tokens)
                     run = profile_decode(paths[model], n_threads, prompt, args.steps)
@@ -201,7 +204,7 @@ def main() -> None:
                     print(f"\n{model}, {n_threads} thread(s): failed: {type(exc).__name__}: {exc}", flush=True)
                     failed.add(model)
                     break
-                after = triad()
+                after = triad(n_threads)
                 mean = None if before is None else (before + after) / 2
                 results[model].append(dict(run, triad_gbs=mean, triad_before_gbs=before, triad_after_gbs=after))
     for model in models:
